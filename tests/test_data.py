@@ -1,0 +1,290 @@
+"""Tests of zerompi.data: the synthetic set, the .npz loader and its errors, the batch schedule."""
+import numpy as np
+import pytest
+
+from zerompi.data import BatchSchedule, DataError, Dataset, load_npz, make_synthetic
+
+
+# ----------------------------------------------------------------------------------------------
+# make_synthetic
+# ----------------------------------------------------------------------------------------------
+
+def test_synthetic_is_bitwise_deterministic_and_seed_dependent():
+    first, again, other = make_synthetic(seed=0), make_synthetic(seed=0), make_synthetic(seed=1)
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+        assert np.array_equal(getattr(first, field), getattr(again, field))
+    assert not np.array_equal(first.x_train, other.x_train)
+    assert not np.array_equal(first.y_train, other.y_train)
+    assert first.name == "synthetic(seed=0)"
+
+
+def test_synthetic_shapes_dtypes_and_labels():
+    data = make_synthetic(seed=3, n_train=1000, n_test=300, features=7, classes=5)
+    assert data.x_train.shape == (1000, 7) and data.x_train.dtype == np.float64
+    assert data.y_train.shape == (1000,) and data.y_train.dtype == np.int64
+    assert data.x_test.shape == (300, 7) and data.x_test.dtype == np.float64
+    assert data.y_test.shape == (300,) and data.y_test.dtype == np.int64
+    assert data.num_features == 7 and data.num_classes == 5
+    for labels in (data.y_train, data.y_test):
+        assert labels.min() >= 0 and labels.max() < 5
+
+
+def test_synthetic_defaults_have_every_class_roughly_balanced():
+    data = make_synthetic()
+    assert data.num_classes == 10
+    counts = np.bincount(data.y_train, minlength=10)
+    assert counts.min() > 0.25 * len(data.y_train) / 10     # no class is starved
+    assert set(np.unique(data.y_test)) == set(range(10))
+
+
+def test_synthetic_teacher_does_not_depend_on_the_split_sizes():
+    # x_train comes first from the rng, so a different n_test leaves the training split unchanged
+    small_test, large_test = make_synthetic(n_test=10), make_synthetic(n_test=500)
+    assert np.array_equal(small_test.x_train, large_test.x_train)
+    assert np.array_equal(small_test.y_train, large_test.y_train)
+
+
+def test_synthetic_is_learnable_well_above_chance():
+    data = make_synthetic()
+    class_means = np.stack([data.x_train[data.y_train == k].mean(axis=0)
+                            for k in range(data.num_classes)])             # (C, F)
+    distances = ((data.x_test[:, None, :] - class_means[None]) ** 2).sum(axis=2)   # (T, C)
+    accuracy = (distances.argmin(axis=1) == data.y_test).mean()
+    assert accuracy > 0.5                                    # chance is 0.1
+
+
+def test_synthetic_raises_when_a_class_is_missing():
+    with pytest.raises(DataError, match="do not appear"):
+        make_synthetic(n_train=3, classes=10)
+
+
+# ----------------------------------------------------------------------------------------------
+# load_npz: round trips
+# ----------------------------------------------------------------------------------------------
+
+def test_load_npz_round_trip_without_test_split(tmp_path):
+    path = str(tmp_path / "train.npz")
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    y = np.array([0, 2, 1, 2], dtype=np.int32)
+    np.savez(path, x=x, y=y)
+    data = load_npz(path)
+    assert isinstance(data, Dataset)
+    assert data.x_train.dtype == np.float64 and data.y_train.dtype == np.int64
+    assert np.array_equal(data.x_train, x) and np.array_equal(data.y_train, y)
+    assert data.x_test is None and data.y_test is None
+    assert data.num_classes == 3 and data.num_features == 3 and data.name == path
+
+
+def test_load_npz_round_trip_with_test_split(tmp_path):
+    path = str(tmp_path / "both.npz")
+    x, y = np.random.default_rng(0).standard_normal((5, 2)), np.array([0, 1, 1, 0, 1])
+    x_test, y_test = np.ones((2, 2)), np.array([4, 0], dtype=np.uint8)
+    np.savez_compressed(path, x=x, y=y, x_test=x_test, y_test=y_test)
+    data = load_npz(path)
+    assert np.array_equal(data.x_train, x) and np.array_equal(data.y_train, y)
+    assert np.array_equal(data.x_test, x_test) and np.array_equal(data.y_test, y_test)
+    assert data.y_test.dtype == np.int64
+    assert data.num_classes == 5                              # the largest label is in y_test
+
+
+def test_load_npz_converts_integer_x(tmp_path):
+    path = str(tmp_path / "pixels.npz")
+    np.savez(path, x=np.array([[0, 255], [7, 8]], dtype=np.uint8), y=np.array([0, 1]))
+    data = load_npz(path)
+    assert data.x_train.dtype == np.float64 and data.x_train[0, 1] == 255.0
+
+
+# ----------------------------------------------------------------------------------------------
+# load_npz: every bad input is one DataError line naming the file and the problem
+# ----------------------------------------------------------------------------------------------
+
+def load_error(path):
+    """The message of the DataError that load_npz(path) raises, checked to be one line."""
+    with pytest.raises(DataError) as caught:
+        load_npz(str(path))
+    message = str(caught.value)
+    assert str(path) in message and "\n" not in message
+    return message
+
+
+def save(tmp_path, **arrays):
+    path = tmp_path / "data.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+GOOD_X = np.zeros((4, 3))
+GOOD_Y = np.array([0, 1, 2, 1])
+
+
+def test_missing_file(tmp_path):
+    assert "no such file" in load_error(tmp_path / "absent.npz")
+
+
+def test_directory_is_not_a_file(tmp_path):
+    assert "not a regular file" in load_error(tmp_path)
+
+
+def test_text_file_is_not_npz(tmp_path):
+    path = tmp_path / "notes.npz"
+    path.write_text("x,y\n1,2\n")
+    assert "not a valid .npz" in load_error(path)
+
+
+def test_empty_file_is_not_npz(tmp_path):
+    path = tmp_path / "empty.npz"
+    path.write_bytes(b"")
+    assert "not a valid .npz" in load_error(path)
+
+
+def test_truncated_zip_is_not_npz(tmp_path):
+    path = save(tmp_path, x=GOOD_X, y=GOOD_Y)
+    contents = path.read_bytes()
+    path.write_bytes(contents[: len(contents) // 2])
+    assert "not a valid .npz" in load_error(path)
+
+
+def test_corrupt_member_is_reported(tmp_path):
+    path = save(tmp_path, x=np.arange(1000.0).reshape(100, 10), y=np.zeros(100, dtype=np.int64))
+    contents = bytearray(path.read_bytes())
+    contents[400:420] = b"\xff" * 20                        # inside x's data: the CRC fails
+    path.write_bytes(bytes(contents))
+    assert "corrupt" in load_error(path)
+
+
+def test_single_npy_file_is_not_npz(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, GOOD_X)
+    assert ".npy" in load_error(path)
+
+
+def test_missing_key_lists_the_keys_present(tmp_path):
+    message = load_error(save(tmp_path, x=GOOD_X, labels=GOOD_Y))
+    assert "'y'" in message and "labels" in message
+
+
+def test_test_split_needs_both_keys(tmp_path):
+    message = load_error(save(tmp_path, x=GOOD_X, y=GOOD_Y, x_test=GOOD_X))
+    assert "'y_test'" in message
+
+
+def test_x_must_be_2d(tmp_path):
+    message = load_error(save(tmp_path, x=np.zeros(4), y=GOOD_Y))
+    assert "'x'" in message and "2-D" in message
+
+
+def test_y_must_be_1d(tmp_path):
+    message = load_error(save(tmp_path, x=GOOD_X, y=GOOD_Y.reshape(4, 1)))
+    assert "'y'" in message and "1-D" in message
+
+
+def test_length_mismatch(tmp_path):
+    message = load_error(save(tmp_path, x=GOOD_X, y=GOOD_Y[:3]))
+    assert "4 samples" in message and "3 labels" in message
+
+
+def test_x_must_be_numeric(tmp_path):
+    message = load_error(save(tmp_path, x=np.full((4, 3), "a"), y=GOOD_Y))
+    assert "'x'" in message and "floating point" in message
+
+
+def test_y_must_be_integer(tmp_path):
+    message = load_error(save(tmp_path, x=GOOD_X, y=GOOD_Y.astype(np.float64)))
+    assert "'y'" in message and "integer" in message and "float64" in message
+
+
+def test_negative_labels(tmp_path):
+    message = load_error(save(tmp_path, x=GOOD_X, y=np.array([0, -1, 2, -3])))
+    assert "negative" in message and "2 negative" in message and "index 1" in message
+
+
+def test_nan_and_inf_in_x(tmp_path):
+    x = GOOD_X.copy()
+    x[2, 1], x[3, 0] = np.nan, np.inf
+    message = load_error(save(tmp_path, x=x, y=GOOD_Y))
+    assert "NaN" in message and "2 NaN or inf" in message and "row 2, column 1" in message
+
+
+def test_nan_in_x_test(tmp_path):
+    x_test = GOOD_X.copy()
+    x_test[0, 0] = np.nan
+    message = load_error(save(tmp_path, x=GOOD_X, y=GOOD_Y, x_test=x_test, y_test=GOOD_Y))
+    assert "'x_test'" in message and "NaN" in message
+
+
+def test_test_split_feature_count_must_match(tmp_path):
+    message = load_error(save(tmp_path, x=GOOD_X, y=GOOD_Y, x_test=np.zeros((4, 5)), y_test=GOOD_Y))
+    assert "5 features" in message and "3" in message
+
+
+def test_zero_samples(tmp_path):
+    message = load_error(save(tmp_path, x=np.zeros((0, 3)), y=np.zeros(0, dtype=np.int64)))
+    assert "zero samples" in message
+
+
+def test_object_arrays_are_refused(tmp_path):
+    objects = np.array([[1.0, "a", None]] * 4, dtype=object)
+    message = load_error(save(tmp_path, x=objects, y=GOOD_Y))
+    assert "'x'" in message and "pickle" in message
+
+
+# ----------------------------------------------------------------------------------------------
+# BatchSchedule
+# ----------------------------------------------------------------------------------------------
+
+def test_unshuffled_batches_are_in_order_and_drop_the_remainder():
+    schedule = BatchSchedule(num_samples=10, global_batch=3, seed=0, shuffle=False)
+    assert schedule.steps_per_epoch == 3                    # row 9 is dropped every epoch
+    batches = [schedule.global_indices(step).tolist() for step in range(4)]
+    assert batches == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 1, 2]]
+    assert schedule.global_indices(0).dtype == np.int64
+
+
+def test_shuffled_epoch_visits_every_index_once():
+    schedule = BatchSchedule(num_samples=12, global_batch=4, seed=5, shuffle=True)
+    epoch = np.concatenate([schedule.global_indices(step) for step in range(3)])
+    assert sorted(epoch.tolist()) == list(range(12))
+    assert epoch.tolist() != list(range(12))
+    expected = np.random.default_rng([5, 0]).permutation(12)
+    assert np.array_equal(epoch, expected)
+
+
+def test_shuffled_epochs_differ_and_dropped_rows_change():
+    schedule = BatchSchedule(num_samples=100, global_batch=30, seed=1, shuffle=True)
+    first = np.concatenate([schedule.global_indices(step) for step in range(3)])
+    second = np.concatenate([schedule.global_indices(step) for step in range(3, 6)])
+    assert len(set(first.tolist())) == 90 and len(set(second.tolist())) == 90
+    assert not np.array_equal(first, second)
+    assert set(first.tolist()) != set(second.tolist())     # a different 10 rows dropped
+
+
+def test_schedule_is_deterministic_in_any_step_order():
+    forward = BatchSchedule(num_samples=50, global_batch=8, seed=2, shuffle=True)
+    backward = BatchSchedule(num_samples=50, global_batch=8, seed=2, shuffle=True)
+    steps = range(20)
+    expected = [forward.global_indices(step).copy() for step in steps]
+    for step in reversed(steps):
+        assert np.array_equal(backward.global_indices(step), expected[step])
+    other_seed = BatchSchedule(num_samples=50, global_batch=8, seed=3, shuffle=True)
+    assert not np.array_equal(other_seed.global_indices(0), expected[0])
+
+
+def test_batch_is_read_only():
+    schedule = BatchSchedule(num_samples=10, global_batch=5, seed=0, shuffle=True)
+    with pytest.raises(ValueError):
+        schedule.global_indices(0)[0] = 3
+
+
+@pytest.mark.parametrize("global_batch, problem", [(512, "larger than the 300 training samples"),
+                                                   (0, "must be positive"),
+                                                   (-4, "must be positive")])
+def test_schedule_rejects_bad_batch_sizes(global_batch, problem):
+    with pytest.raises(DataError, match=problem):
+        BatchSchedule(num_samples=300, global_batch=global_batch, seed=0, shuffle=True)
+
+
+def test_schedule_rejects_negative_step_and_seed():
+    with pytest.raises(DataError, match="step"):
+        BatchSchedule(num_samples=10, global_batch=2, seed=0, shuffle=False).global_indices(-1)
+    with pytest.raises(DataError, match="seed"):
+        BatchSchedule(num_samples=10, global_batch=2, seed=-1, shuffle=True)

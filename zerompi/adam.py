@@ -1,0 +1,74 @@
+"""AdamW on flat buffers: the optimizer state that ZeRO shards.
+
+For step t = 1, 2, ... and every element (Loshchilov & Hutter's decoupled weight decay, with the
+bias correction of Kingma & Ba, exactly as torch.optim.AdamW computes it):
+
+    p  = p * (1 - lr * wd)                       decoupled weight decay
+    m  = beta1 * m + (1 - beta1) * g             first moment
+    v  = beta2 * v + (1 - beta2) * g^2           second moment
+    p  = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+Every element is independent of every other, which is the whole reason ZeRO can shard it: a rank
+that holds m and v for its owned range only, and the reduced gradient for that range, computes
+exactly the update that single-process Adam computes for those elements.
+
+The update runs in place over chunks of CHUNK elements with one preallocated scratch of that size,
+so it allocates nothing per step and keeps each chunk in cache across its passes.
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+CHUNK = 32768
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+class AdamW:
+    """m and v for `numel` elements (a rank's shard, or everything in stage 0)."""
+
+    def __init__(self, numel, dtype, config, ledger):
+        self.config = config
+        self.m = ledger.alloc("optimizer", "adam.m", (numel,), dtype)
+        self.v = ledger.alloc("optimizer", "adam.v", (numel,), dtype)
+        self.scratch = ledger.alloc("work", "adam.scratch", (min(numel, CHUNK),), dtype)
+        self.t = 0
+
+    def begin_step(self):
+        """Advance t once per optimizer step, before the `update` calls of that step."""
+        self.t += 1
+
+    def update(self, param, grad, state_slice):
+        """In place: param, grad (n,) are the elements whose state is m[state_slice], v[state_slice]."""
+        c = self.config
+        decay = 1.0 - c.lr * c.weight_decay
+        step_size = c.lr / (1.0 - c.beta1 ** self.t)
+        sqrt_bias2 = math.sqrt(1.0 - c.beta2 ** self.t)
+        m = self.m[state_slice]
+        v = self.v[state_slice]
+        for lo in range(0, param.size, CHUNK):
+            hi = min(lo + CHUNK, param.size)
+            p, g, m_c, v_c = param[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi]
+            s = self.scratch[:hi - lo]
+            p *= decay                          # p = p (1 - lr wd)
+            m_c *= c.beta1
+            np.multiply(g, 1.0 - c.beta1, out=s)
+            m_c += s                            # m = b1 m + (1 - b1) g
+            v_c *= c.beta2
+            np.multiply(g, g, out=s)
+            s *= 1.0 - c.beta2
+            v_c += s                            # v = b2 v + (1 - b2) g^2
+            np.sqrt(v_c, out=s)
+            s /= sqrt_bias2
+            s += c.eps                          # denom = sqrt(v) / sqrt(1 - b2^t) + eps
+            np.divide(m_c, s, out=s)
+            s *= step_size
+            p -= s                              # p = p - lr / (1 - b1^t) * m / denom

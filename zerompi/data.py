@@ -1,0 +1,249 @@
+"""Training data: a synthetic classification set, a checked .npz loader, and the batch schedule.
+
+Shapes (defined once, used in every comment below):
+    N      training samples            F   features per sample
+    T      held-out (test) samples     C   classes
+    G      global batch (rows per step, summed over all ranks)
+
+make_synthetic(seed)   a procedurally generated set: x ~ N(0, I), labels from a fixed random
+                       "teacher" network, so an MLP can learn it well above chance. No download,
+                       bitwise deterministic given its arguments.
+load_npz(path)         the user's data from an .npz archive, loaded without pickle, every problem
+                       reported as a one-line DataError naming the file.
+BatchSchedule          which training rows make up the global batch of each step. It depends only
+                       on (num_samples, global_batch, seed, shuffle), never on the number of ranks:
+                       the caller splits each global batch among ranks, so every world size
+                       trains on exactly the same batches.
+"""
+import os
+import zipfile
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """Bad user data; str(e) is a one-line message naming the problem (and the file)."""
+
+
+@dataclass
+class Dataset:
+    x_train: np.ndarray          # (N, F) float64
+    y_train: np.ndarray          # (N,) int64
+    x_test: np.ndarray | None    # (T, F) float64, or None when there is no held-out split
+    y_test: np.ndarray | None    # (T,) int64, or None
+    num_classes: int             # 1 + largest label in y_train / y_test
+    name: str                    # e.g. "synthetic(seed=0)" or the file path
+
+    @property
+    def num_features(self) -> int:
+        return self.x_train.shape[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Synthetic data
+# ----------------------------------------------------------------------------------------------
+
+TEACHER_HIDDEN = 64          # width of the teacher's hidden layer
+TEACHER_CALIBRATION = 4096   # samples used once to centre and scale the teacher's class scores
+
+
+def make_synthetic(seed: int = 0, n_train: int = 8192, n_test: int = 2048, features: int = 32,
+                   classes: int = 10) -> Dataset:
+    """A classification set labelled by a fixed random teacher network.
+
+    Everything comes from one np.random.default_rng(seed), drawn in this order:
+        A  (F, 64)   teacher weights, N(0, 1/F)       so x @ A has unit variance
+        B  (64, C)   teacher weights, N(0, 1/64)
+        calibration inputs (4096, F), then x_train (N, F), then x_test (T, F), all N(0, I)
+    The teacher's class scores are s = tanh(x @ A) @ B. Left as they are, a few classes would win
+    most of the argmaxes, so each score column is centred and scaled by its mean and standard
+    deviation over the calibration inputs (a fixed property of the teacher, the same for any N, T):
+        y = argmax((s - mean) / std)
+    which makes the classes roughly balanced. Train and test come from the same distribution.
+    Raises DataError if some class does not appear in y_train (only possible for tiny n_train).
+    """
+    rng = np.random.default_rng(seed)
+    teacher_in = rng.standard_normal((features, TEACHER_HIDDEN)) / np.sqrt(features)   # A (F, 64)
+    teacher_out = rng.standard_normal((TEACHER_HIDDEN, classes)) / np.sqrt(TEACHER_HIDDEN)  # B
+
+    def teacher_scores(x):                                   # x (rows, F) -> (rows, C)
+        return np.tanh(x @ teacher_in) @ teacher_out
+
+    calibration_scores = teacher_scores(rng.standard_normal((TEACHER_CALIBRATION, features)))
+    score_mean = calibration_scores.mean(axis=0)             # (C,)
+    score_std = calibration_scores.std(axis=0)               # (C,)
+
+    def teacher_labels(x):                                   # x (rows, F) -> (rows,) int64
+        return np.argmax((teacher_scores(x) - score_mean) / score_std, axis=1).astype(np.int64)
+
+    x_train = rng.standard_normal((n_train, features))       # (N, F) float64
+    x_test = rng.standard_normal((n_test, features))         # (T, F) float64
+    y_train = teacher_labels(x_train)                        # (N,)
+    y_test = teacher_labels(x_test)                          # (T,)
+
+    counts = np.bincount(y_train, minlength=classes)         # (C,)
+    if np.any(counts == 0):
+        missing = np.flatnonzero(counts == 0).tolist()
+        raise DataError(f"synthetic(seed={seed}): classes {missing} do not appear among the "
+                        f"{n_train} training samples; use more samples or fewer classes")
+    return Dataset(x_train, y_train, x_test, y_test, num_classes=classes,
+                   name=f"synthetic(seed={seed})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading an .npz file
+# ----------------------------------------------------------------------------------------------
+
+def load_npz(path: str) -> Dataset:
+    """Load and check a dataset saved with np.savez(path, x=..., y=..., [x_test=..., y_test=...]).
+
+    Keys:
+        x        (N, F)  floating point; integer x (e.g. uint8 pixels) is accepted and converted
+        y        (N,)    integer labels >= 0 (float labels are refused, even integral ones)
+        x_test   (T, F)  optional, same F as x; x_test and y_test come together or not at all
+        y_test   (T,)
+    Other keys are ignored. The file is read with allow_pickle=False, so object arrays are refused.
+    x is returned as float64 and y as int64; num_classes is 1 + the largest label in y or y_test.
+    Every problem (missing file, not an .npz, missing key, wrong rank, dtype, length, a negative
+    label, NaN or inf in x, no samples) raises DataError with one line naming the file.
+    """
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: is not a regular file")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except ValueError:               # neither zip nor .npy: numpy would fall back to pickle
+        raise DataError(f"{path}: not a valid .npz file (not a zip archive of arrays)") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise DataError(f"{path}: not a valid .npz file ({_one_line(e)})") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"{path}: is a single .npy array, not an .npz archive with keys x and y")
+
+    with archive:
+        keys = sorted(archive.files)
+        for key in ("x", "y"):
+            if key not in keys:
+                raise DataError(f"{path}: missing key {key!r} (the file has keys {keys})")
+        has_test = ("x_test" in keys, "y_test" in keys)
+        if has_test[0] != has_test[1]:
+            present, absent = ("x_test", "y_test") if has_test[0] else ("y_test", "x_test")
+            raise DataError(f"{path}: has {present!r} but not {absent!r}; give both or neither")
+        x_train, y_train = _read_split(path, archive, "x", "y")
+        x_test, y_test = None, None
+        if has_test[0]:
+            x_test, y_test = _read_split(path, archive, "x_test", "y_test")
+            if x_test.shape[1] != x_train.shape[1]:
+                raise DataError(f"{path}: 'x_test' has {x_test.shape[1]} features but 'x' has "
+                                f"{x_train.shape[1]}")
+
+    largest_label = int(y_train.max()) if y_test is None else int(max(y_train.max(), y_test.max()))
+    return Dataset(x_train, y_train, x_test, y_test, num_classes=largest_label + 1, name=path)
+
+
+def _read_split(path, archive, x_key, y_key):
+    """Read and check one (x, y) pair; returns x (rows, F) float64 and y (rows,) int64."""
+    x = _read_array(path, archive, x_key)
+    y = _read_array(path, archive, y_key)
+
+    if x.ndim != 2:
+        raise DataError(f"{path}: {x_key!r} must be 2-D (samples, features), got shape {x.shape}")
+    if y.ndim != 1:
+        raise DataError(f"{path}: {y_key!r} must be 1-D (a label per sample), got shape {y.shape}")
+    if x.shape[0] != y.shape[0]:
+        raise DataError(f"{path}: {x_key!r} has {x.shape[0]} samples but {y_key!r} has "
+                        f"{y.shape[0]} labels")
+    if x.shape[0] == 0:
+        raise DataError(f"{path}: {x_key!r} has zero samples")
+    if x.shape[1] == 0:
+        raise DataError(f"{path}: {x_key!r} has zero features")
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise DataError(f"{path}: {x_key!r} must be floating point (or integer), "
+                        f"got dtype {x.dtype}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{path}: {y_key!r} must hold integer labels, got dtype {y.dtype}")
+
+    x = np.ascontiguousarray(x, dtype=np.float64)            # (rows, F)
+    not_finite = ~np.isfinite(x)                             # (rows, F) bool
+    if not_finite.any():
+        row, col = np.argwhere(not_finite)[0]
+        raise DataError(f"{path}: {x_key!r} has {int(not_finite.sum())} NaN or inf values, "
+                        f"the first at row {row}, column {col}")
+    negative = y < 0                                         # (rows,) bool
+    if negative.any():
+        first = int(np.argmax(negative))
+        raise DataError(f"{path}: {y_key!r} has {int(negative.sum())} negative labels, the first "
+                        f"is {int(y[first])} at index {first}")
+    if y.max() > np.iinfo(np.int64).max:                     # only possible for uint64
+        raise DataError(f"{path}: {y_key!r} has labels too large for int64")
+    y = np.ascontiguousarray(y, dtype=np.int64)              # (rows,)
+    return x, y
+
+
+def _read_array(path, archive, key):
+    """archive[key], with the errors of a corrupt member or an object array as DataError."""
+    try:
+        return archive[key]
+    except ValueError as e:          # an object array (refused without pickle) or a bad header
+        raise DataError(f"{path}: cannot load {key!r} ({_one_line(e)}); only plain numeric "
+                        f"arrays are accepted, the file is read without pickle") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise DataError(f"{path}: {key!r} is corrupt ({_one_line(e)})") from None
+
+
+def _one_line(error):
+    return " ".join(str(error).split())
+
+
+# ----------------------------------------------------------------------------------------------
+# Batch schedule
+# ----------------------------------------------------------------------------------------------
+
+class BatchSchedule:
+    """The global batch of training-row indices for every step.
+
+    Step s is in epoch e = s // steps_per_epoch. The epoch's order of the N rows is
+        arange(N)                                            when not shuffled
+        np.random.default_rng([seed, e]).permutation(N)      when shuffled
+    and step s takes the (s % steps_per_epoch)-th block of G rows of that order. steps_per_epoch
+    is N // G: the last N % G rows of each epoch's order are dropped, so every step has exactly G
+    rows (when shuffled, different rows are dropped each epoch).
+    """
+
+    def __init__(self, num_samples: int, global_batch: int, seed: int, shuffle: bool):
+        if global_batch <= 0:
+            raise DataError(f"batch size {global_batch} must be positive")
+        if global_batch > num_samples:
+            raise DataError(f"batch size {global_batch} is larger than the {num_samples} "
+                            f"training samples")
+        if shuffle and seed < 0:
+            raise DataError(f"shuffle seed {seed} must be non-negative")
+        self.num_samples = num_samples
+        self.global_batch = global_batch
+        self.seed = seed
+        self.shuffle = shuffle
+        self.steps_per_epoch = num_samples // global_batch
+        self._epoch = None           # the epoch whose order is in self._order
+        self._order = None           # (N,) int64, read-only, computed once per epoch
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """(N,) int64, read-only: the order in which epoch `epoch` visits the training rows."""
+        if epoch != self._epoch:
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            else:
+                order = np.arange(self.num_samples)
+            self._order = order.astype(np.int64, copy=False)
+            self._order.flags.writeable = False
+            self._epoch = epoch
+        return self._order
+
+    def global_indices(self, step: int) -> np.ndarray:
+        """(G,) int64, read-only: indices into x_train of the global batch of 0-based `step`."""
+        if step < 0:
+            raise DataError(f"step {step} must be non-negative")
+        epoch, step_in_epoch = divmod(step, self.steps_per_epoch)
+        start = step_in_epoch * self.global_batch
+        return self.epoch_order(epoch)[start:start + self.global_batch]

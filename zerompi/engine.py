@@ -1,0 +1,37 @@
+"""Assembling a run: layout, ledgers, the ZeRO stage and the MLP's activations, on one rank.
+
+    layout  = Layout(sizes, N)              where each unit lives (zerompi/layout.py)
+    memory  = MemoryLedger()                every buffer below is allocated through it
+    zero    = STAGES[stage](layout, ...)    parameters, gradients, Adam state, collectives
+    mlp     = MLP(layout, batch_rows, ...)  activation buffers for this rank's rows
+"""
+from dataclasses import dataclass
+
+from .comm import Communicator
+from .layout import Layout
+from .ledger import MemoryLedger
+from .model import MLP, init_unit_values
+from .stages import STAGES
+
+
+@dataclass
+class Engine:
+    layout: Layout
+    comm: Communicator
+    memory: MemoryLedger
+    zero: object        # a Stage0 .. Stage3
+    mlp: MLP
+
+    def init_params(self, seed):
+        """Every rank draws the same initial values, one unit at a time, and keeps what its stage keeps."""
+        for unit in self.layout.units:
+            self.zero.set_unit_params(unit, init_unit_values(unit, seed).astype(self.zero.dtype))
+
+
+def build_engine(sizes, stage, dtype, adam_config, batch_rows, comm=None):
+    comm = comm if comm is not None else Communicator()
+    layout = Layout(sizes, comm.size)
+    memory = MemoryLedger()
+    zero = STAGES[stage](layout, comm, memory, dtype, adam_config)
+    mlp = MLP(layout, batch_rows, dtype, memory)
+    return Engine(layout, comm, memory, zero, mlp)

@@ -1,0 +1,101 @@
+"""The MLP's layers as small functions of explicit arrays, with manual backprop.
+
+Shapes (defined once, used in every comment below):
+    B      rows of the local (per-rank) micro-batch
+    I, O   input and output width of a linear layer
+    C      number of classes (width of the last layer)
+
+Every forward writes into a caller-provided output buffer and every backward writes into
+caller-provided gradient buffers, so the training loop allocates nothing per step. What a
+backward needs (the layer's input, the GELU pre-activation) is kept by the caller in those
+same preallocated buffers.
+
+    linear:   y = x W^T + b                 dW = dy^T x,  db = sum_rows(dy),  dx = dy W
+    GELU:     y = x/2 (1 + tanh(u)),        u  = sqrt(2/pi) (x + 0.044715 x^3)
+              dy/dx = (1 + t)/2 + x/2 (1 - t^2) sqrt(2/pi) (1 + 3*0.044715 x^2),  t = tanh(u)
+              (the tanh form; PyTorch's GELU(approximate="tanh"))
+    softmax cross-entropy, mean over the GLOBAL batch of B_global rows:
+              loss = -1/B_global sum_rows log softmax(z)[label]
+              dz   = (softmax(z) - onehot(label)) / B_global
+
+The loss gradient is divided by the global batch size, not the local one, so that summing the
+ranks' gradients (what reduce-scatter and all-reduce do) gives exactly the gradient of the global
+mean loss: no separate averaging pass is needed.
+
+All functions are checked against finite differences in float64 (tests/test_layers.py).
+"""
+import math
+
+import numpy as np
+
+GELU_C = math.sqrt(2.0 / math.pi)
+GELU_A = 0.044715
+
+
+def linear_forward(x, weight, bias, y):
+    """y (B, O) = x (B, I) @ weight (O, I)^T + bias (O,)."""
+    np.matmul(x, weight.T, out=y)
+    y += bias
+
+
+def linear_backward(dy, x, weight, dweight, dbias, dx):
+    """Given dy (B, O) and the forward input x (B, I): write dweight (O, I), dbias (O,), and
+    dx (B, I) unless dx is None (the first layer needs no input gradient)."""
+    np.matmul(dy.T, x, out=dweight)      # dW = dy^T x
+    np.sum(dy, axis=0, out=dbias)        # db = sum over rows of dy
+    if dx is not None:
+        np.matmul(dy, weight, out=dx)    # dx = dy W
+
+
+def gelu_forward(x, y, tanh_u):
+    """y (B, O) = GELU(x); keeps tanh_u (B, O) = tanh(u) for the backward."""
+    np.multiply(x, x, out=tanh_u)
+    tanh_u *= GELU_A
+    tanh_u += 1.0
+    tanh_u *= x
+    tanh_u *= GELU_C                     # u = sqrt(2/pi) (x + a x^3)
+    np.tanh(tanh_u, out=tanh_u)          # t = tanh(u)
+    np.add(tanh_u, 1.0, out=y)
+    y *= x
+    y *= 0.5                             # y = x/2 (1 + t)
+
+
+def gelu_backward(dy, x, tanh_u, dx):
+    """dx (B, O) = dy * GELU'(x), from the forward's x and tanh_u. Uses tanh_u as scratch (it is
+    consumed: a layer's backward is its last use). dx must not alias dy or x."""
+    # GELU'(x) = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3a x^2)
+    #          = (1 + t)/2 * (1 + q (1 - t))        with q = c x (1 + 3a x^2), 1 - t^2 = (1 + t)(1 - t)
+    #          = (1 - s/2) * (1 + q s)              with s = 1 - t
+    np.multiply(x, x, out=dx)
+    dx *= 3.0 * GELU_A
+    dx += 1.0
+    dx *= x
+    dx *= GELU_C                         # q = c x (1 + 3a x^2)
+    s = tanh_u
+    np.subtract(1.0, tanh_u, out=s)      # s = 1 - t
+    dx *= s
+    dx += 1.0                            # 1 + q s
+    s *= -0.5
+    s += 1.0                             # 1 - s/2 = (1 + t)/2
+    dx *= s
+    dx *= dy                             # dx = dy * GELU'(x)
+
+
+def softmax_cross_entropy(logits, labels, global_batch, dlogits):
+    """Loss summed over the local rows and divided by the global batch size.
+
+    logits (B, C), labels (B,) int -> returns (loss_part, correct); writes
+    dlogits (B, C) = (softmax(logits) - onehot(labels)) / global_batch. dlogits may alias logits.
+    loss_part summed over ranks is the mean loss of the global batch; correct counts argmax hits.
+    """
+    rows = np.arange(labels.shape[0])
+    correct = int(np.count_nonzero(np.argmax(logits, axis=1) == labels))
+    np.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)   # z - max z (stable)
+    picked = dlogits[rows, labels].copy()                                # z_label - max z
+    np.exp(dlogits, out=dlogits)
+    sum_exp = dlogits.sum(axis=1)
+    loss_part = float(np.sum(np.log(sum_exp) - picked)) / global_batch   # -log softmax(z)[label]
+    dlogits /= sum_exp[:, None]                                          # softmax(z)
+    dlogits[rows, labels] -= 1.0                                         # - onehot
+    dlogits /= global_batch
+    return loss_part, correct

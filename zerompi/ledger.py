@@ -1,0 +1,79 @@
+"""Ledgers: what each rank actually allocated and actually communicated.
+
+Every number the training report prints comes from here, and everything here is recorded at the
+moment a buffer is allocated or a collective is called, from the buffer itself (its .nbytes),
+never from a formula. The report then prints these counts beside the formulas of zerompi.memory.
+
+MemoryLedger: every buffer of the training state is allocated through `alloc`, by kind:
+    params, grads, optimizer   the model state that ZeRO partitions (compared with the formulas)
+    work                       one-unit buffers of stages 2-3, Adam's chunk scratch
+    activations                the forward/backward activation buffers of the local batch
+Nothing is allocated or freed inside the training loop, so the live total is also the peak. The
+OS-measured peak resident set size (getrusage) is reported beside it.
+
+CommLedger: every collective records its operation, its purpose (grads, params, metrics, io),
+the bytes of the buffer handed to MPI, the per-rank ring volume, and its wall time.
+Ring volume per rank for a buffer of n elements over N ranks (the standard ring algorithms):
+    reduce-scatter  n (N-1)/N        all-gather  n (N-1)/N        all-reduce  2 n (N-1)/N
+It counts what the ring algorithm moves for these calls; MPI may pick another algorithm on the wire.
+"""
+import resource
+from collections import defaultdict
+
+import numpy as np
+
+MEMORY_KINDS = ("params", "grads", "optimizer", "work", "activations")
+RING_FACTOR = {"reduce_scatter": 1, "allgather": 1, "allreduce": 2}
+
+
+class MemoryLedger:
+    def __init__(self):
+        self.bytes_by_kind = dict.fromkeys(MEMORY_KINDS, 0)
+        self.buffers = []          # (kind, name, shape, dtype, nbytes) of every allocation
+
+    def alloc(self, kind, name, shape, dtype):
+        """A zeroed buffer of the given shape, recorded under kind."""
+        if kind not in self.bytes_by_kind:
+            raise ValueError(f"unknown memory kind {kind!r}")
+        buffer = np.zeros(shape, dtype=dtype)
+        self.bytes_by_kind[kind] += buffer.nbytes
+        self.buffers.append((kind, name, buffer.shape, buffer.dtype.name, buffer.nbytes))
+        return buffer
+
+    @property
+    def model_state_bytes(self):
+        return sum(self.bytes_by_kind[k] for k in ("params", "grads", "optimizer"))
+
+    @property
+    def total_bytes(self):
+        return sum(self.bytes_by_kind.values())
+
+    @staticmethod
+    def peak_rss_bytes():
+        """Peak resident set size of this process, as measured by the OS (Linux: KiB)."""
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class CommLedger:
+    def __init__(self):
+        # (op, purpose) -> [calls, buffer bytes, ring bytes, ring elements, seconds]
+        self.entries = defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0])
+
+    def record(self, op, purpose, buffer, num_ranks, seconds):
+        """Record one collective on `buffer` (the full-size side: n elements for all ranks)."""
+        ring = RING_FACTOR[op] * (num_ranks - 1) / num_ranks
+        entry = self.entries[(op, purpose)]
+        entry[0] += 1
+        entry[1] += buffer.nbytes
+        entry[2] += ring * buffer.nbytes
+        entry[3] += ring * buffer.size
+        entry[4] += seconds
+
+    def totals(self, purposes):
+        """(calls, ring bytes, ring elements, seconds) summed over the given purposes."""
+        rows = [e for (op, p), e in self.entries.items() if p in purposes]
+        return (sum(e[0] for e in rows), sum(e[2] for e in rows), sum(e[3] for e in rows),
+                sum(e[4] for e in rows))
+
+    def reset(self):
+        self.entries.clear()

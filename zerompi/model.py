@@ -1,0 +1,71 @@
+"""The MLP: sizes[0] -> sizes[1] -> ... -> sizes[-1], GELU after every linear layer but the last.
+
+The MLP object owns only activations; the parameters and gradients belong to the ZeRO stage and
+are passed in explicitly, one unit (linear layer) at a time. Activation buffers are allocated once
+for a local batch of up to B rows (ledgered as "activations"); a smaller batch uses their first
+rows. For unit i with input width I and output width O:
+
+    forward                                  backward (d* are gradients of the loss)
+    x_i    (B, I)  input (x_0 = data)        d_pre_i (B, O) = GELU'(pre_i) * d_x_{i+1}
+    pre_i  (B, O)  = x_i W_i^T + b_i         dW_i, db_i     = from d_pre_i and x_i
+    x_{i+1}(B, O)  = GELU(pre_i)             d_x_i   (B, I) = d_pre_i W_i
+    (last unit: pre_i are the logits, and the loss writes d_logits over them in place)
+
+Parameters start as in torch.nn.Linear: W, b ~ U(-1/sqrt(I), 1/sqrt(I)), drawn per unit from
+numpy's generator seeded with (seed, unit index), so they do not depend on N or the stage.
+"""
+import numpy as np
+
+from .layers import gelu_backward, gelu_forward, linear_backward, linear_forward
+
+
+def init_unit_values(unit, seed):
+    """The unit's initial real elements (numel,) float64: weight row-major, then bias."""
+    rng = np.random.default_rng([seed, unit.index])
+    bound = 1.0 / np.sqrt(unit.in_features)
+    return rng.uniform(-bound, bound, unit.numel)
+
+
+class MLP:
+    def __init__(self, layout, batch_rows, dtype, memory):
+        self.units = layout.units
+        self.last = len(self.units) - 1
+        alloc = memory.alloc
+        B = batch_rows
+        self.x = [alloc("activations", f"x{u.index}", (B, u.in_features), dtype) for u in self.units]
+        self.pre = [alloc("activations", f"pre{u.index}", (B, u.out_features), dtype) for u in self.units]
+        hidden = self.units[:-1]
+        self.tanh_u = [alloc("activations", f"tanh{u.index}", (B, u.out_features), dtype) for u in hidden]
+        self.d_pre = [alloc("activations", f"d_pre{u.index}", (B, u.out_features), dtype) for u in hidden]
+        self.d_x = [None] + [alloc("activations", f"d_x{u.index}", (B, u.in_features), dtype)
+                             for u in self.units[1:]]
+
+    def load_input(self, x):
+        """Copy a batch x (n, sizes[0]) into the first input buffer; returns the view used."""
+        n = x.shape[0]
+        self.x[0][:n] = x
+        return self.x[0][:n]
+
+    def forward_unit(self, unit, x, weight, bias):
+        """x (n, I) -> the unit's output (n, O): GELU(pre) for hidden units, the logits for the last."""
+        n, i = x.shape[0], unit.index
+        pre = self.pre[i][:n]
+        linear_forward(x, weight, bias, pre)
+        if i == self.last:
+            return pre
+        out = self.x[i + 1][:n]
+        gelu_forward(pre, out, self.tanh_u[i][:n])
+        return out
+
+    def backward_unit(self, unit, d_out, weight, dweight, dbias):
+        """d_out (n, O), the gradient of the unit's output -> writes dweight, dbias; returns the
+        gradient of its input (n, I), or None for the first unit."""
+        n, i = d_out.shape[0], unit.index
+        if i == self.last:
+            d_pre = d_out                            # the loss already gave d_logits
+        else:
+            d_pre = self.d_pre[i][:n]
+            gelu_backward(d_out, self.pre[i][:n], self.tanh_u[i][:n], d_pre)
+        d_x = None if i == 0 else self.d_x[i][:n]
+        linear_backward(d_pre, self.x[i][:n], weight, dweight, dbias, d_x)
+        return d_x

@@ -1,0 +1,100 @@
+"""The end-of-run report: each rank's measured memory and communication beside the formulas.
+
+Measured (from zerompi/ledger.py): bytes of every buffer allocated, by kind; the OS peak RSS; the
+ring volume of every collective, counted from the buffer handed to MPI.
+Formulas (from zerompi/memory.py), with P = G = itemsize and K = 2 itemsize (Adam's m and v; in
+fp32/fp64 training the parameters are their own master copy):
+
+    model state per rank   stage 0: (P+G+K) Psi   1: (P+G) Psi + K Psi/N   2: P Psi + (G+K) Psi/N
+                           stage 3: (P+G+K) Psi / N
+    comm per rank per step stages 0-2: 2 Psi (N-1)/N      stage 3: 3 Psi (N-1)/N   (elements)
+
+Each formula is shown twice: at Psi (the model's parameter count) and at Psi_pad (each unit padded
+to a multiple of N, what the buffers really hold). Measured equals the Psi_pad column exactly;
+the difference from the Psi column is the padding, at most N-1 elements per unit.
+
+Rank 0 gathers every rank's numbers with one buffer Gather and prints a table or JSON.
+"""
+import json
+
+import numpy as np
+
+from .ledger import MEMORY_KINDS
+from .memory import BytesPerParam, comm_elements_per_step, model_state_bytes
+
+COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "calls", "comm_seconds")
+
+
+def rank_numbers(engine, train_comm, steps):
+    """This rank's measured numbers, per step for communication. train_comm: the CommLedger
+    totals of the training steps only, as {purpose: (calls, bytes, elements, seconds)}."""
+    memory = engine.memory
+    grads, params = train_comm["grads"], train_comm["params"]
+    return np.array([memory.bytes_by_kind[k] for k in MEMORY_KINDS] +
+                    [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps,
+                     (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps], dtype=np.float64)
+
+
+def build_report(engine, train_comm, steps, stage):
+    """Collective. On rank 0: a dict with every rank's numbers and the formulas; None elsewhere."""
+    comm, layout = engine.comm, engine.layout
+    mine = rank_numbers(engine, train_comm, steps)
+    everyone = np.zeros((comm.size, mine.size)) if comm.rank == 0 else None
+    comm.gather_to_root(mine, everyone)
+    if comm.rank != 0:
+        return None
+    itemsize = np.dtype(engine.zero.dtype).itemsize
+    bytes_per_param = BytesPerParam(itemsize, itemsize, 2 * itemsize)
+    n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
+    return {
+        "stage": stage, "ranks": n, "steps": steps, "dtype": np.dtype(engine.zero.dtype).name,
+        "psi": psi, "psi_padded": psi_pad, "bytes_per_param": bytes_per_param.__dict__,
+        "memory_formula_bytes": model_state_bytes(stage, psi, n, bytes_per_param),
+        "memory_formula_padded_bytes": model_state_bytes(stage, psi_pad, n, bytes_per_param),
+        "comm_formula_elements_per_step": comm_elements_per_step(stage, psi, n),
+        "comm_formula_padded_elements_per_step": comm_elements_per_step(stage, psi_pad, n),
+        "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
+    }
+
+
+def _size(num_bytes):
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.4g} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
+def format_table(report):
+    r = report
+    b = r["bytes_per_param"]
+    comm_name = "3 Psi (N-1)/N" if r["stage"] == 3 else "2 Psi (N-1)/N"
+    lines = [
+        f"ZeRO stage {r['stage']}, N = {r['ranks']} ranks, {r['dtype']}, Psi = {r['psi']:,} parameters"
+        f" ({r['psi_padded']:,} padded), P={b['param']:g} G={b['grad']:g} K={b['optimizer']:g} bytes/param",
+        "",
+        "Memory per rank, measured from the allocated buffers (model state = params + grads + optimizer)",
+        f"{'rank':>4} {'params':>11} {'grads':>11} {'optimizer':>11} {'model state':>12} "
+        f"{'formula':>11} {'work':>11} {'activations':>11} {'peak RSS':>10}",
+    ]
+    formula = r["memory_formula_bytes"]["total"]
+    for rank, row in enumerate(r["per_rank"]):
+        state = row["params"] + row["grads"] + row["optimizer"]
+        lines.append(f"{rank:>4} {_size(row['params']):>11} {_size(row['grads']):>11} {_size(row['optimizer']):>11} "
+                     f"{_size(state):>12} {_size(formula):>11} {_size(row['work']):>11} "
+                     f"{_size(row['activations']):>11} {_size(row['peak_rss']):>10}")
+    padded = r["memory_formula_padded_bytes"]["total"]
+    lines += [f"     formula at Psi_pad: {padded:,.0f} B; at Psi: {formula:,.0f} B (difference = padding)", "",
+              "Communication per rank per training step (ring volume counted from each call's buffer, elements)",
+              f"{'rank':>4} {'grads':>12} {'params':>12} {'total':>12} {'formula':>12} {'calls':>6} {'MPI time':>10}"]
+    comm_formula = r["comm_formula_elements_per_step"]
+    for rank, row in enumerate(r["per_rank"]):
+        total = row["grads_elements"] + row["params_elements"]
+        lines.append(f"{rank:>4} {row['grads_elements']:>12,.0f} {row['params_elements']:>12,.0f} {total:>12,.0f} "
+                     f"{comm_formula:>12,.0f} {row['calls']:>6.0f} {row['comm_seconds'] * 1e3:>8.2f}ms")
+    lines.append(f"     formula {comm_name}: {comm_formula:,.0f} at Psi, "
+                 f"{r['comm_formula_padded_elements_per_step']:,.0f} at Psi_pad")
+    return "\n".join(lines)
+
+
+def format_json(report):
+    return json.dumps(report, indent=1)
