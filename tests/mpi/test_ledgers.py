@@ -1,0 +1,114 @@
+"""The ledgers count what really happened, and it matches the formulas up to padding.
+
+Communication: the CommLedger is checked against an independent count taken by a proxy around
+the mpi4py communicator (every buffer MPI actually received), and both against the formulas
+2 Psi (N-1)/N (stages 0-2) and 3 Psi (N-1)/N (stage 3): exactly at Psi_pad, within padding at Psi.
+Memory: params / grads / optimizer bytes equal the formulas exactly at Psi_pad and exceed the
+formulas at Psi by at most the padding; and the buffers that a stage must not have, it has not.
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from helpers import make_batches, train_zero
+from zerompi.adam import CHUNK
+from zerompi.comm import Communicator
+from zerompi.memory import BytesPerParam, comm_elements_per_step, model_state_bytes
+
+SIZES = [13, 37, 53, 7]
+STEPS = 2
+
+
+class CountingComm:
+    """Forwards the three array collectives to the real communicator and counts their elements."""
+
+    def __init__(self, real):
+        self.real = real
+        self.calls = {"Allreduce": 0, "Reduce_scatter_block": 0, "Allgather": 0}
+        self.elements = dict.fromkeys(self.calls, 0)
+
+    def _count(self, name, full_buffer):
+        self.calls[name] += 1
+        self.elements[name] += np.asarray(full_buffer).size
+
+    def Allreduce(self, send, recv, op):
+        self._count("Allreduce", recv)
+        return self.real.Allreduce(send, recv, op=op)
+
+    def Reduce_scatter_block(self, send, recv, op):
+        self._count("Reduce_scatter_block", recv if send is MPI.IN_PLACE else send)
+        return self.real.Reduce_scatter_block(send, recv, op=op)
+
+    def Allgather(self, send, recv):
+        self._count("Allgather", recv)
+        return self.real.Allgather(send, recv)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def run(stage, dtype=np.float64):
+    proxy = CountingComm(MPI.COMM_WORLD)
+    engine = train_zero(stage, SIZES, dtype, make_batches(SIZES, STEPS), comm=Communicator(proxy))
+    return engine, proxy
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_comm_ledger_matches_mpi_calls_and_formula(stage):
+    engine, proxy = run(stage)
+    n, layout, ledger = engine.comm.size, engine.layout, engine.comm.ledger
+    units = len(layout.units)
+    ring = (n - 1) / n
+    # 1. the ledger agrees with what MPI was handed
+    expected_calls = {0: {"Allreduce": 1},
+                      1: {"Reduce_scatter_block": units, "Allgather": units},
+                      2: {"Reduce_scatter_block": units, "Allgather": units},
+                      3: {"Reduce_scatter_block": units, "Allgather": 2 * units}}[stage]
+    for name in proxy.calls:
+        assert proxy.calls[name] == STEPS * expected_calls.get(name, 0), name
+    counted = (2 * proxy.elements["Allreduce"] + proxy.elements["Reduce_scatter_block"]
+               + proxy.elements["Allgather"]) * ring
+    calls, _, elements, seconds = ledger.totals({"grads", "params"})
+    assert calls == sum(proxy.calls.values())
+    assert elements == pytest.approx(counted, rel=1e-12, abs=1e-9)
+    assert seconds >= 0
+    # 2. per step, exactly the formula at Psi_pad, and within padding of the formula at Psi
+    per_step = elements / STEPS
+    assert per_step == pytest.approx(comm_elements_per_step(stage, layout.full_numel, n), rel=1e-12, abs=1e-9)
+    at_psi = comm_elements_per_step(stage, layout.num_params, n)
+    multiplier = 3 if stage == 3 else 2
+    assert at_psi - 1e-9 <= per_step <= at_psi + multiplier * ring * (n - 1) * units + 1e-9
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_memory_ledger_matches_formula(stage, dtype):
+    engine, _ = run(stage, dtype)
+    n, layout, memory = engine.comm.size, engine.layout, engine.memory
+    item = np.dtype(dtype).itemsize
+    bytes_per_param = BytesPerParam(item, item, 2 * item)
+    padded = model_state_bytes(stage, layout.full_numel, n, bytes_per_param)
+    at_psi = model_state_bytes(stage, layout.num_params, n, bytes_per_param)
+    for kind in ("params", "grads", "optimizer"):
+        assert memory.bytes_by_kind[kind] == padded[kind], kind
+        padding_bound = (n - 1) * len(layout.units) * 3 * item     # N-1 pad elements per unit
+        assert at_psi[kind] <= memory.bytes_by_kind[kind] <= at_psi[kind] + padding_bound
+    # the ledger's numbers are the buffers' own sizes
+    assert sum(b[4] for b in memory.buffers) == memory.total_bytes
+    assert memory.peak_rss_bytes() > memory.total_bytes
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_what_each_stage_does_not_keep(stage):
+    """Stage >= 1: no full-size optimizer state; >= 2: no full-size gradient; 3: no full params."""
+    engine, _ = run(stage)
+    full = engine.layout.full_numel
+    full_sized = {kind for kind, _, shape, _, _ in engine.memory.buffers if np.prod(shape) >= full}
+    assert ("optimizer" in full_sized) == (stage == 0)
+    assert ("grads" in full_sized) == (stage <= 1)
+    assert ("params" in full_sized) == (stage <= 2)
+    work_sizes = [np.prod(shape) for kind, _, shape, _, _ in engine.memory.buffers if kind == "work"]
+    assert max(work_sizes) <= max(engine.layout.max_unit_padded, CHUNK)   # one unit, or Adam's chunk
