@@ -68,26 +68,30 @@ def build_parser(rank=0):
                 description="Train an MLP data-parallel over MPI ranks with ZeRO stage 0-3 "
                             "(run it under mpirun -n N).",
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--stage", type=int, default=d.stage, help="ZeRO stage: 0 none, 1 optimizer state, "
+    p.add_argument("--stage", type=int, default=d.stage, metavar="{0,1,2,3}", help="ZeRO stage: 0 none, 1 optimizer state, "
                    "2 + gradients, 3 + parameters partitioned")
-    p.add_argument("--hidden", type=_positive_ints, default=d.hidden, help="hidden widths, e.g. 128,128")
+    p.add_argument("--hidden", type=_positive_ints, default=",".join(map(str, d.hidden)),
+                   help="hidden widths, comma-separated")
     p.add_argument("--classes", type=int, default=d.classes, help="output width (0: from the labels)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (divisible by N)")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
     p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decoupled weight decay")
-    p.add_argument("--beta1", type=float, default=d.beta1)
-    p.add_argument("--beta2", type=float, default=d.beta2)
-    p.add_argument("--eps", type=float, default=d.eps)
+    p.add_argument("--beta1", type=float, default=d.beta1, help="AdamW first-moment decay")
+    p.add_argument("--beta2", type=float, default=d.beta2, help="AdamW second-moment decay")
+    p.add_argument("--eps", type=float, default=d.eps, help="AdamW denominator epsilon")
     p.add_argument("--seed", type=int, default=d.seed, help="initial weights and batch order")
-    p.add_argument("--dtype", default=d.dtype, help=f"one of {', '.join(DTYPES)}")
+    p.add_argument("--dtype", default=d.dtype, metavar="{" + ",".join(DTYPES) + "}",
+                   help="parameters, gradients and Adam state")
     p.add_argument("--data", default=d.data, help=".npz with x (samples, features) float and y (samples,) "
                    "integer labels, optionally x_test and y_test; empty: the embedded synthetic set")
-    p.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="batch rows in file order")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=d.shuffle,
+                   help="shuffle the training rows each epoch (by --seed); --no-shuffle: file order")
     p.add_argument("--init-weights", default=d.init_weights, help="start from this consolidated .npz")
     p.add_argument("--save-weights", default=d.save_weights, help="save final weights to this .npz")
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines (0: none)")
-    p.add_argument("--report", default=d.report, help="end-of-run ledger: table, json or none")
+    p.add_argument("--report", default=d.report, metavar="{table,json,none}",
+                   help="end-of-run ledger; json: stdout holds only the JSON report, progress goes to stderr")
     return p
 
 
