@@ -7,6 +7,11 @@ The training step (zerompi/train_step.py) calls, for each unit (one linear layer
 
 and then zero.step() once. A stage decides where those arrays live and which collectives run when.
 
+Each stage is a small step from the one before and is written as one: Stage1 extends Stage0,
+Stage2 extends Stage1, Stage3 extends Stage2, each overriding only the hooks that change. Every
+stage's constructor lists all the buffers that stage holds (so it calls ZeroStage.__init__,
+not its parent's constructor, which would allocate the parent's buffers).
+
 Stages 0, 1 and 2 keep the full parameters on every rank, in one flat buffer `param_full`
 (Psi_pad elements, see zerompi/layout.py); the methods below serve them. Stage 3 keeps only its
 shard and overrides them.
@@ -22,7 +27,6 @@ class ZeroStage:
         self.memory = memory          # the memory ledger every buffer is allocated from
         self.dtype = dtype
         self.adam_config = adam_config
-        self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
 
     def set_unit_params(self, unit, values):
         """Load the unit's real elements, values (numel,), the same on every rank."""

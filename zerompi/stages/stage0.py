@@ -24,6 +24,7 @@ class Stage0(ZeroStage):
 
     def __init__(self, layout, comm, memory, dtype, adam_config):
         super().__init__(layout, comm, memory, dtype, adam_config)
+        self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
         self.adam = AdamW(layout.full_numel, dtype, adam_config, memory)   # m, v for everything
 

@@ -25,20 +25,19 @@ outlives backward (it is reduced only after all of backward); in stage 2 it does
 """
 from ..adam import AdamW
 from .base import ZeroStage
+from .stage0 import Stage0
 
 
-class Stage1(ZeroStage):
+class Stage1(Stage0):
+    """Stage 0 with Adam's state for the owned ranges only: a new constructor and step."""
+
     stage = 1
 
     def __init__(self, layout, comm, memory, dtype, adam_config):
-        super().__init__(layout, comm, memory, dtype, adam_config)
+        ZeroStage.__init__(self, layout, comm, memory, dtype, adam_config)
+        self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
         self.adam = AdamW(layout.shard_numel, dtype, adam_config, memory)  # m, v: owned ranges only
-
-    def before_backward(self, unit):
-        weight, bias = self.before_forward(unit)
-        dweight, dbias = unit.views(self.grad_full[self.layout.full_slice(unit)])
-        return weight, bias, dweight, dbias
 
     def step(self):
         layout, rank = self.layout, self.comm.rank

@@ -21,13 +21,17 @@ backward (where a later version can overlap it with the backward of earlier unit
 """
 from ..adam import AdamW
 from .base import ZeroStage
+from .stage1 import Stage1
 
 
-class Stage2(ZeroStage):
+class Stage2(Stage1):
+    """Stage 1 with the gradients reduce-scattered unit by unit during backward."""
+
     stage = 2
 
     def __init__(self, layout, comm, memory, dtype, adam_config):
-        super().__init__(layout, comm, memory, dtype, adam_config)
+        ZeroStage.__init__(self, layout, comm, memory, dtype, adam_config)
+        self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
         self.grad_bucket = memory.alloc("work", "grad_bucket", (layout.max_unit_padded,), dtype)
         self.adam = AdamW(layout.shard_numel, dtype, adam_config, memory)

@@ -24,15 +24,17 @@ other stages: the price of not keeping the parameters.
 """
 from ..adam import AdamW
 from .base import ZeroStage
+from .stage2 import Stage2
 
 
-class Stage3(ZeroStage):
+class Stage3(Stage2):
+    """Stage 2 with the parameters sharded too: gathered per unit in before_forward, which
+    Stage2.before_backward calls, so backward gathers them again; after_backward is Stage 2's."""
+
     stage = 3
 
     def __init__(self, layout, comm, memory, dtype, adam_config):
-        # no super().__init__: stage 3 has no full parameter buffer
-        self.layout, self.comm, self.memory = layout, comm, memory
-        self.dtype, self.adam_config = dtype, adam_config
+        ZeroStage.__init__(self, layout, comm, memory, dtype, adam_config)   # no param_full
         self.param_shard = memory.alloc("params", "param_shard", (layout.shard_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
         self.param_gather = memory.alloc("work", "param_gather", (layout.max_unit_padded,), dtype)
@@ -52,17 +54,6 @@ class Stage3(ZeroStage):
 
     def before_forward(self, unit):
         return unit.views(self.full_unit_params(unit, "params"))
-
-    def before_backward(self, unit):
-        weight, bias = self.before_forward(unit)     # gathered again: forward's copy was released
-        bucket = self.grad_bucket[:unit.padded]
-        bucket[unit.numel:] = 0
-        dweight, dbias = unit.views(bucket)
-        return weight, bias, dweight, dbias
-
-    def after_backward(self, unit):
-        self.comm.reduce_scatter_sum(self.grad_bucket[:unit.padded],
-                                     self.grad_shard[self.layout.shard_slice(unit)], "grads")
 
     def step(self):
         self.adam.begin_step()
