@@ -5,6 +5,7 @@ under a minute on 2 cores. Every check here runs identically on every rank (it d
 arguments and N), so every rank reaches the same verdict without communicating.
 """
 import argparse
+import math
 from dataclasses import dataclass, fields
 
 DTYPES = ("float32", "float64")
@@ -119,6 +120,11 @@ def check_config(cfg, num_ranks):
     if cfg.batch_size % num_ranks != 0:
         return (f"--batch-size {cfg.batch_size} cannot be split evenly over {num_ranks} ranks: "
                 f"use a multiple of {num_ranks}")
+    if cfg.seed < 0:
+        return f"--seed must be >= 0, got {cfg.seed}"
+    for name in ("lr", "weight_decay", "beta1", "beta2", "eps"):
+        if not math.isfinite(getattr(cfg, name)):
+            return f"--{name.replace('_', '-')} must be a finite number, got {getattr(cfg, name)}"
     if not cfg.lr > 0:
         return f"--lr must be positive, got {cfg.lr}"
     if not cfg.weight_decay >= 0:

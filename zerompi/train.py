@@ -33,12 +33,18 @@ def blas_threads_per_rank(comm):
     return max(1, len(os.sched_getaffinity(0)) // comm.ranks_on_this_node())
 
 
+MAX_INFERRED_CLASSES = 100_000       # a larger label is far more likely a broken file than intended
+
+
 def load_data(cfg):
     """(dataset, error message or None)."""
     try:
         data = load_npz(cfg.data) if cfg.data else make_synthetic(cfg.seed)
     except DataError as e:
         return None, str(e)
+    if not cfg.classes and data.num_classes > MAX_INFERRED_CLASSES:
+        return None, (f"{data.name} has labels up to {data.num_classes - 1}: more than "
+                      f"{MAX_INFERRED_CLASSES} classes; if that is intended, pass --classes")
     classes = cfg.classes or data.num_classes
     if data.num_classes > classes:
         return None, (f"labels out of range: {data.name} has labels up to {data.num_classes - 1} but "

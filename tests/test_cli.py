@@ -1,0 +1,379 @@
+"""End-to-end tests of the command line: `mpirun -n N python -m zerompi.train [flags]`.
+
+Each test is a single-process pytest test that launches the real CLI under mpirun as a subprocess
+(in its own session, cwd = a fresh tmp_path, with a wall-clock limit: a run that hangs is killed
+with its whole process group and the test fails instead of hanging the suite).
+
+    bad input      every bad flag / file: exit 2, "zerompi: error:" printed exactly once, naming
+                   the problem, quickly, and nothing written to the working folder
+    --help         usage printed once, exit 0
+    determinism    the same flags twice give bitwise identical weights and loss lines
+    equivalence    N in {1, 2, 4} x stage {0, 1, 2, 3} in float64 agree with N=1 stage 0 to 1e-12
+    resume         --init-weights loads what --save-weights wrote, across N and stage
+    --report json  stdout is one JSON document whose measurements match the padded formulas
+    default run    progress lines, held-out accuracy and the ledger tables
+    user .npz      a user dataset with/without a held-out split, shuffled or not
+
+Runs are kept tiny (a few steps, small --hidden) so the file takes well under 90 s on 2 cores.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+TIMEOUT = 120           # seconds allowed for one mpirun launch before it is killed
+ERROR_FAST = 30         # a bad-input run must fail well within TIMEOUT
+ERROR_MARK = "zerompi: error:"
+
+
+def _mpirun():
+    beside_python = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.path.exists(beside_python):
+        return beside_python
+    found = shutil.which("mpirun")
+    if found is None:
+        pytest.skip("mpirun not found next to sys.executable or on PATH")
+    return found
+
+
+class Run:
+    def __init__(self, args, returncode, stdout, stderr, seconds):
+        self.args, self.returncode, self.stdout, self.stderr, self.seconds = \
+            args, returncode, stdout, stderr, seconds
+
+    @property
+    def output(self):
+        return self.stdout + self.stderr
+
+    def describe(self):
+        return (f"command: {' '.join(self.args)}\nexit code: {self.returncode} after {self.seconds:.1f} s\n"
+                f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}")
+
+
+def launch(n, *flags, cwd, timeout=TIMEOUT):
+    """Run `mpirun -n n python -m zerompi.train *flags` in cwd; returns a Run (never hangs)."""
+    args = [_mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.train", *map(str, flags)]
+    start = time.perf_counter()
+    process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)     # mpirun and every rank it started
+        except ProcessLookupError:
+            pass
+        stdout, stderr = process.communicate()
+        pytest.fail(f"timed out after {timeout} s: {' '.join(args)}\n--- stdout ---\n{stdout}"
+                    f"\n--- stderr ---\n{stderr}")
+    return Run(args, process.returncode, stdout, stderr, time.perf_counter() - start)
+
+
+def train_ok(n, *flags, cwd):
+    run = launch(n, *flags, cwd=cwd)
+    assert run.returncode == 0, run.describe()
+    assert ERROR_MARK not in run.output and "Traceback" not in run.output, run.describe()
+    return run
+
+
+def load_weights(path):
+    with np.load(path, allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def files_under(folder):
+    """Every file and folder under `folder`, hidden ones included, as sorted relative paths."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            found.append(os.path.relpath(os.path.join(root, name), folder))
+    return sorted(found)
+
+
+def loss_lines(output):
+    """The progress lines without their timing column (the only part that may differ by run)."""
+    return [re.sub(r"\|\s*[\d.]+ ms/step", "", line) for line in output.splitlines()
+            if line.startswith("step ") and "loss" in line]
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs the bad-input cases need, written into the test's tmp_path before the run
+# ----------------------------------------------------------------------------------------------
+
+def _good_xy(rows=40, features=4, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((rows, features)), rng.integers(0, classes, rows)
+
+
+def _text_file(folder):
+    with open(os.path.join(folder, "data.txt"), "w") as f:
+        f.write("this is not an npz archive\n1,2,3\n")
+    return "data.txt"
+
+
+def _wrong_keys(folder):
+    x, y = _good_xy()
+    np.savez(os.path.join(folder, "keys.npz"), inputs=x, labels=y)
+    return "keys.npz"
+
+
+def _x_1d(folder):
+    _, y = _good_xy()
+    np.savez(os.path.join(folder, "flat.npz"), x=np.arange(40, dtype=np.float64), y=y)
+    return "flat.npz"
+
+
+def _labels_too_large(folder):
+    x, y = _good_xy()
+    y[7] = 5                                   # max label 5 needs 6 classes; we allow 3
+    np.savez(os.path.join(folder, "labels.npz"), x=x, y=y)
+    return "labels.npz"
+
+
+def _huge_label(folder):
+    x, y = _good_xy()
+    y[0] = 10**9                               # a broken file, not a billion-class problem
+    np.savez(os.path.join(folder, "huge.npz"), x=x, y=y)
+    return "huge.npz"
+
+
+def _nan_in_x(folder):
+    x, y = _good_xy()
+    x[3, 2] = np.nan
+    np.savez(os.path.join(folder, "nan.npz"), x=x, y=y)
+    return "nan.npz"
+
+
+@pytest.fixture(scope="module")
+def hidden8_weights(tmp_path_factory):
+    """A weights file of the synthetic-data model with --hidden 8 (32-8-10)."""
+    folder = tmp_path_factory.mktemp("hidden8")
+    train_ok(1, "--hidden", 8, "--steps", 1, "--batch-size", 8, "--log-every", 0, "--report", "none",
+             "--save-weights", "w8.npz", cwd=folder)
+    return os.path.join(folder, "w8.npz")
+
+
+# (id, flags, keyword the error line must contain, input maker or None, rank counts)
+# The input maker writes its files into the run's folder and returns the name to substitute for
+# "{input}" in the flags. Every case runs at N=3; the ones marked with 1 also at N=1.
+BAD_INPUTS = [
+    ("stage-7", ["--stage", 7], "--stage 7", None, (3, 1)),
+    ("steps-0", ["--steps", 0], "--steps must be positive", None, (3,)),
+    ("batch-negative", ["--batch-size", -4], "--batch-size must be positive", None, (3,)),
+    ("hidden-zero", ["--hidden", "0,5"], "widths must be positive", None, (3,)),
+    ("hidden-abc", ["--hidden", "abc"], "expected comma-separated integers", None, (3, 1)),
+    ("batch-not-divisible", ["--batch-size", 10], "cannot be split evenly over 3 ranks", None, (3,)),
+    ("dtype-float16", ["--dtype", "float16"], "unknown --dtype 'float16'", None, (3,)),
+    ("unknown-flag", ["--frobnicate", 3], "unrecognized arguments: --frobnicate", None, (3, 1)),
+    ("data-missing", ["--data", "missing.npz"], "no such file", None, (3, 1)),
+    ("data-text", ["--data", "{input}"], "not a valid .npz", _text_file, (3,)),
+    ("data-wrong-keys", ["--data", "{input}"], "missing key 'x'", _wrong_keys, (3,)),
+    ("data-x-1d", ["--data", "{input}"], "must be 2-D", _x_1d, (3,)),
+    ("data-labels-out-of-range", ["--data", "{input}", "--classes", 3], "labels out of range",
+     _labels_too_large, (3,)),
+    ("data-nan", ["--data", "{input}"], "NaN", _nan_in_x, (3,)),
+    ("init-weights-other-shape", ["--hidden", 9, "--init-weights", "{input}"], "has shape",
+     "hidden8", (3, 1)),
+    ("save-weights-no-folder", ["--save-weights", "nowhere/w.npz"], "does not exist", None, (3, 1)),
+    ("seed-negative", ["--seed", -1], "--seed must be >= 0", None, (3,)),
+    ("lr-inf", ["--lr", "inf"], "--lr must be a finite number", None, (3,)),
+    ("weight-decay-inf", ["--weight-decay", "inf"], "--weight-decay must be a finite number", None, (3,)),
+    ("data-huge-label", ["--data", "{input}"], "more than 100000 classes", _huge_label, (3,)),
+]
+
+BAD_INPUT_PARAMS = [pytest.param(n, flags, keyword, maker, id=f"{name}-n{n}")
+                    for name, flags, keyword, maker, counts in BAD_INPUTS for n in counts]
+
+@pytest.mark.timeout(4 * TIMEOUT)
+@pytest.mark.parametrize("n, flags, keyword, maker", BAD_INPUT_PARAMS)
+def test_bad_input_fails_once_cleanly_and_writes_nothing(n, flags, keyword, maker, tmp_path, request):
+    name = None
+    if maker == "hidden8":
+        name = "w8.npz"
+        shutil.copy(request.getfixturevalue("hidden8_weights"), tmp_path / name)
+    elif maker is not None:
+        name = maker(str(tmp_path))
+    flags = [name if f == "{input}" else f for f in flags]
+    before = files_under(tmp_path)
+    # the run would be short even if the check were missing: tiny model, few steps, and a
+    # --save-weights target whose appearance would show that the run went on
+    tiny = ["--steps", 2, "--hidden", 4, "--batch-size", 12, "--log-every", 0, "--report", "none"]
+    run = launch(n, *tiny, *flags, *([] if "--save-weights" in flags else ["--save-weights", "out.npz"]),
+                 cwd=tmp_path)
+
+    assert run.returncode == 2, run.describe()
+    assert run.output.count(ERROR_MARK) == 1, run.describe()
+    error_line = next(line for line in run.output.splitlines() if ERROR_MARK in line)
+    assert keyword in error_line, run.describe()
+    assert "Traceback" not in run.output, run.describe()
+    assert run.stdout == "", run.describe()                # the error goes to stderr, nothing else
+    assert run.seconds < ERROR_FAST, run.describe()
+    assert files_under(tmp_path) == before, "the failed run left files behind"
+
+
+# ----------------------------------------------------------------------------------------------
+# --help
+# ----------------------------------------------------------------------------------------------
+
+def test_help_prints_usage_once_and_exits_0(tmp_path):
+    run = launch(3, "--help", cwd=tmp_path)
+    assert run.returncode == 0, run.describe()
+    assert run.output.count("usage:") == 1, run.describe()
+    assert "--stage" in run.stdout and "--save-weights" in run.stdout, run.describe()
+    assert ERROR_MARK not in run.output, run.describe()
+    assert files_under(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# Determinism: the same flags twice give the same bits
+# ----------------------------------------------------------------------------------------------
+
+def test_same_flags_twice_give_bitwise_identical_weights_and_losses(tmp_path):
+    flags = ["--stage", 2, "--steps", 20, "--hidden", "16,9", "--batch-size", 48, "--log-every", 5,
+             "--report", "none", "--save-weights", "w.npz"]
+    runs, weights = [], []
+    for attempt in ("first", "second"):
+        folder = tmp_path / attempt
+        folder.mkdir()
+        runs.append(train_ok(3, *flags, cwd=folder))
+        weights.append(load_weights(folder / "w.npz"))
+        assert files_under(folder) == ["w.npz"]                    # no temporary left over
+    first, second = weights
+    assert sorted(first) == sorted(second) == [f"layers.{i}.{t}" for i in range(3)
+                                               for t in ("bias", "weight")]
+    for name in first:
+        assert first[name].dtype == np.float32
+        assert np.array_equal(first[name], second[name]), name
+    losses = [loss_lines(r.stdout) for r in runs]
+    assert len(losses[0]) == 4                                     # steps 5, 10, 15, 20
+    assert losses[0] == losses[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Equivalence: every stage and N trains the same model (float64)
+# ----------------------------------------------------------------------------------------------
+
+EQUIVALENCE_FLAGS = ["--dtype", "float64", "--steps", 5, "--hidden", "11,7", "--batch-size", 16,
+                     "--seed", 3, "--log-every", 0, "--report", "none", "--save-weights", "w.npz"]
+
+
+@pytest.fixture(scope="module")
+def reference_weights(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reference")
+    train_ok(1, "--stage", 0, *EQUIVALENCE_FLAGS, cwd=folder)
+    return load_weights(folder / "w.npz")
+
+
+@pytest.mark.timeout(4 * TIMEOUT)
+@pytest.mark.parametrize("n, stage", [(n, stage) for n in (1, 2, 4) for stage in (0, 1, 2, 3)
+                                      if (n, stage) != (1, 0)])       # (1, 0): the reference
+def test_every_stage_and_rank_count_trains_the_same_weights(n, stage, reference_weights, tmp_path):
+    train_ok(n, "--stage", stage, *EQUIVALENCE_FLAGS, cwd=tmp_path)
+    weights = load_weights(tmp_path / "w.npz")
+    assert sorted(weights) == sorted(reference_weights)
+    for name, want in reference_weights.items():
+        got = weights[name]
+        assert got.dtype == np.float64 and got.shape == want.shape, name
+        relative = np.max(np.abs(got - want)) / np.max(np.abs(want))
+        assert relative <= 1e-12, f"{name}: relative difference {relative:.3g} (N={n}, stage {stage})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Save, then start from the saved weights at another N and stage
+# ----------------------------------------------------------------------------------------------
+
+def test_init_weights_loads_what_save_weights_wrote_across_n_and_stage(tmp_path):
+    common = ["--dtype", "float64", "--hidden", "10,6", "--batch-size", 12, "--log-every", 0,
+              "--report", "none"]
+    train_ok(2, "--stage", 3, "--steps", 10, *common, "--save-weights", "w1.npz", cwd=tmp_path)
+    train_ok(3, "--stage", 1, "--steps", 1, "--lr", 1e-12, *common, "--seed", 7,
+             "--init-weights", "w1.npz", "--save-weights", "w2.npz", cwd=tmp_path)
+    train_ok(3, "--stage", 1, "--steps", 1, "--lr", 1e-12, *common, "--seed", 7,
+             "--save-weights", "fresh.npz", cwd=tmp_path)
+    w1, w2, fresh = (load_weights(tmp_path / f) for f in ("w1.npz", "w2.npz", "fresh.npz"))
+    assert sorted(w1) == sorted(w2)
+    for name in w1:
+        assert w2[name].shape == w1[name].shape and w2[name].dtype == np.float64
+        # one AdamW step of lr 1e-12 moves each weight by about 1e-12
+        np.testing.assert_allclose(w2[name], w1[name], rtol=0, atol=1e-9, err_msg=name)
+        if name.endswith("weight"):       # and w1 is not what a random init would give
+            assert np.max(np.abs(fresh[name] - w1[name])) > 1e-3, name
+    assert sorted(files_under(tmp_path)) == ["fresh.npz", "w1.npz", "w2.npz"]
+
+
+# ----------------------------------------------------------------------------------------------
+# --report json
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_report_json_is_one_document_whose_measurements_match_the_formulas(stage, tmp_path):
+    # odd widths: every unit is padded to a multiple of N = 3; --log-every 1 checks that progress
+    # lines go to stderr and leave stdout to the JSON document
+    run = train_ok(3, "--stage", stage, "--hidden", "7,5", "--batch-size", 12, "--steps", 3,
+                   "--log-every", 1, "--report", "json", cwd=tmp_path)
+    report = json.loads(run.stdout)
+    assert len(loss_lines(run.stderr)) == 3
+    assert report["stage"] == stage and report["ranks"] == 3 and report["steps"] == 3
+    assert report["psi"] == 32 * 7 + 7 + 7 * 5 + 5 + 5 * 10 + 10
+    assert report["psi_padded"] > report["psi"]
+    assert report["psi_padded"] - report["psi"] <= 3 * (3 - 1)      # at most N-1 per unit
+    assert len(report["per_rank"]) == 3
+    padded_total = report["memory_formula_padded_bytes"]["total"]
+    comm_padded = report["comm_formula_padded_elements_per_step"]
+    for rank, row in enumerate(report["per_rank"]):
+        measured = row["params"] + row["grads"] + row["optimizer"]
+        assert measured == padded_total, f"rank {rank}: {row}"
+        assert report["memory_formula_bytes"]["total"] <= measured, f"rank {rank}"
+        moved = row["grads_elements"] + row["params_elements"]
+        assert moved == pytest.approx(comm_padded, rel=1e-12, abs=1e-9), f"rank {rank}: {row}"
+    assert files_under(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# The default run's output
+# ----------------------------------------------------------------------------------------------
+
+def test_default_run_prints_progress_accuracy_and_ledger(tmp_path):
+    run = train_ok(2, "--steps", 30, "--log-every", 10, cwd=tmp_path)
+    progress = loss_lines(run.stdout)
+    assert [line.split("|")[0].strip() for line in progress] == ["step 10/30", "step 20/30", "step 30/30"]
+    assert run.stdout.count("held-out accuracy") == 1
+    assert run.stdout.count("Memory per rank") == 1
+    assert run.stdout.count("Communication per rank") == 1
+    assert "ZeRO stage 3 on 2 ranks" in run.stdout
+    assert files_under(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# A user .npz dataset, end to end
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shuffle", ["--shuffle", "--no-shuffle"])
+@pytest.mark.parametrize("held_out", [True, False], ids=["with-test", "without-test"])
+def test_user_npz_dataset_trains_end_to_end(held_out, shuffle, tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((200, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 200)
+    arrays = {"x": x, "y": y}
+    if held_out:
+        arrays.update(x_test=rng.standard_normal((50, 6)), y_test=rng.integers(0, 3, 50))
+    np.savez(tmp_path / "mine.npz", **arrays)
+    # 200 rows / 32 per step = 6 steps per epoch, so 14 steps cross two epoch boundaries
+    run = train_ok(2, "--data", "mine.npz", shuffle, "--hidden", 5, "--batch-size", 32, "--steps", 14,
+                   "--log-every", 7, "--save-weights", "w.npz", cwd=tmp_path)
+    assert "data mine.npz: 200 train" in run.stdout
+    assert "MLP 6-5-3" in run.stdout
+    assert len(loss_lines(run.stdout)) == 2
+    assert ("held-out accuracy" in run.stdout) == held_out
+    assert ("50 samples" in run.stdout) == held_out
+    weights = load_weights(tmp_path / "w.npz")
+    assert weights["layers.0.weight"].shape == (5, 6)
+    assert weights["layers.1.weight"].shape == (3, 5)
+    assert all(np.all(np.isfinite(w)) for w in weights.values())
