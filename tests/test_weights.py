@@ -153,6 +153,17 @@ def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["w.npz"]     # no temporary file left
 
 
+def test_unexpected_exception_during_save_leaves_no_temporary_file(tmp_path, monkeypatch):
+    def exploding_write_array(*args, **kwargs):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(np.lib.format, "write_array", exploding_write_array)
+    engine, _ = make_engine(2, np.float64, seed=1)
+    with pytest.raises(MemoryError):
+        save_weights(engine, str(tmp_path / "w.npz"))
+    assert os.listdir(tmp_path) == []
+
+
 # ---------------------------------------------------------------- reading bad files
 
 
@@ -245,17 +256,13 @@ def test_object_array_is_not_unpickled(tmp_path):
     assert "layers.2.bias" in read_error(path)
 
 
-# ---------------------------------------------------------------- known bugs (zerompi/weights.py)
-# read_weights promises WeightsError for a file it cannot use, but these damaged files escape as
-# other exceptions (in zerompi.train: a traceback and MPI_Abort instead of the one-line error and
-# exit 2). strict=True: once read_weights is fixed these XPASS and fail, so drop the marker then.
+# ---------------------------------------------------------------- damaged files
 
 
-@pytest.mark.xfail(strict=True, raises=EOFError, reason="bug: np.load raises EOFError on an empty file")
 def test_empty_file(tmp_path):
     path = tmp_path / "w.npz"
     path.write_bytes(b"")
-    read_error(path)
+    assert "not a readable .npz" in read_error(path)
 
 
 def corrupt_member(path, name):
@@ -267,8 +274,6 @@ def corrupt_member(path, name):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.xfail(strict=True, raises=zipfile.BadZipFile,
-                   reason="bug: archive[name] raises zipfile.BadZipFile (Bad CRC-32), only ValueError is caught")
 def test_corrupted_member(tmp_path):
     path = tmp_path / "w.npz"
     np.savez(path, **good_tensors())
@@ -276,8 +281,6 @@ def test_corrupted_member(tmp_path):
     assert "layers.0.weight" in read_error(path)
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="bug: NpzFile returns raw bytes for a member that is not .npy data; bytes has no .shape")
 def test_member_that_is_not_npy_data(tmp_path):
     path = tmp_path / "w.npz"
     with zipfile.ZipFile(path, "w") as z:

@@ -18,6 +18,7 @@ the values to the stage, which keeps what it owns.
 """
 import os
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -40,35 +41,35 @@ def check_writable(path):
 
 def save_weights(engine, path):
     """Collective. Rank 0 writes the consolidated file; returns its error message or None
-    (the caller passes it to comm.check_all, so that every rank exits together)."""
-    is_writer = engine.comm.rank == 0
-    error = None
+    (the caller passes it to comm.check_all, so that every rank exits together). Every rank
+    takes part in every unit's gather even after rank 0 has failed, so that no rank hangs."""
     tmp_path = os.path.join(os.path.dirname(os.path.abspath(path)),
                             f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    archive = None
+    archive, error = None, None
     try:
-        if is_writer:
-            archive = zipfile.ZipFile(tmp_path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
-    except OSError as e:
-        error = f"cannot save weights to {path}: {e.strerror or e}"
-    for unit in engine.layout.units:
-        full = engine.zero.full_unit_params(unit)        # every rank: collective in stage 3
-        if archive is None or error is not None:
-            continue
-        try:
-            for name, tensor in zip(engine.layout.tensor_names(unit), unit.views(full)):
-                with archive.open(name + ".npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, np.ascontiguousarray(tensor), allow_pickle=False)
-        except OSError as e:
-            error = f"cannot save weights to {path}: {e.strerror or e}"
-    if archive is not None:
-        try:
+        if engine.comm.rank == 0:
+            try:
+                archive = zipfile.ZipFile(tmp_path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+            except OSError as e:
+                error = f"cannot save weights to {path}: {e.strerror or e}"
+        for unit in engine.layout.units:
+            full = engine.zero.full_unit_params(unit)        # every rank: collective in stage 3
+            if archive is None or error is not None:
+                continue
+            try:
+                for name, tensor in zip(engine.layout.tensor_names(unit), unit.views(full)):
+                    with archive.open(name + ".npy", "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, np.ascontiguousarray(tensor), allow_pickle=False)
+            except OSError as e:
+                error = f"cannot save weights to {path}: {e.strerror or e}"
+        if archive is not None:
             archive.close()
             if error is None:
                 _fsync_and_rename(tmp_path, path)
-        except OSError as e:
-            error = f"cannot save weights to {path}: {e.strerror or e}"
-        if error is not None and os.path.exists(tmp_path):
+    except OSError as e:
+        error = f"cannot save weights to {path}: {e.strerror or e}"
+    finally:
+        if archive is not None and os.path.exists(tmp_path):   # never leave a half-written file
             os.unlink(tmp_path)
     return error
 
@@ -91,8 +92,8 @@ def read_weights(path, layout):
         archive = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise WeightsError(f"weights file {path} does not exist") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise WeightsError(f"weights file {path} is not a readable .npz: {e}") from None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        raise WeightsError(f"weights file {path} is not a readable .npz: {e or 'empty file'}") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise WeightsError(f"weights file {path} is a single .npy array, not an .npz of named tensors")
     with archive:
@@ -109,8 +110,10 @@ def read_weights(path, layout):
                     raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
                 try:
                     tensor = archive[name]
-                except ValueError as e:
+                except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as e:
                     raise WeightsError(f"weights file {path}: {name} cannot be read: {e}") from None
+                if not isinstance(tensor, np.ndarray):      # a member that is not .npy data
+                    raise WeightsError(f"weights file {path}: {name} is not an .npy array")
                 if tensor.shape != want:
                     raise WeightsError(f"weights file {path}: {name} has shape {tensor.shape}, the model"
                                        f" (sizes {layout.sizes}) needs {want}")
