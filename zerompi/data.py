@@ -1,7 +1,8 @@
 """Training data: a synthetic classification set, a checked .npz loader, and the batch schedule.
 
 Shapes (defined once, used in every comment below):
-    N      training samples            F   features per sample
+    S      training samples            F   features per sample
+    (N is kept for the number of ranks, as everywhere else in zerompi.)
     T      held-out (test) samples     C   classes
     G      global batch (rows per step, summed over all ranks)
 
@@ -29,8 +30,8 @@ class DataError(ValueError):
 
 @dataclass
 class Dataset:
-    x_train: np.ndarray          # (N, F) float64
-    y_train: np.ndarray          # (N,) int64
+    x_train: np.ndarray          # (S, F) float64
+    y_train: np.ndarray          # (S,) int64
     x_test: np.ndarray | None    # (T, F) float64, or None when there is no held-out split
     y_test: np.ndarray | None    # (T,) int64, or None
     num_classes: int             # 1 + largest label in y_train / y_test
@@ -56,10 +57,10 @@ def make_synthetic(seed: int = 0, n_train: int = 8192, n_test: int = 2048, featu
     Everything comes from one np.random.default_rng(seed), drawn in this order:
         A  (F, 64)   teacher weights, N(0, 1/F)       so x @ A has unit variance
         B  (64, C)   teacher weights, N(0, 1/64)
-        calibration inputs (4096, F), then x_train (N, F), then x_test (T, F), all N(0, I)
+        calibration inputs (4096, F), then x_train (S, F), then x_test (T, F), all N(0, I)
     The teacher's class scores are s = tanh(x @ A) @ B. Left as they are, a few classes would win
     most of the argmaxes, so each score column is centred and scaled by its mean and standard
-    deviation over the calibration inputs (a fixed property of the teacher, the same for any N, T):
+    deviation over the calibration inputs (a fixed property of the teacher, the same for any S, T):
         y = argmax((s - mean) / std)
     which makes the classes roughly balanced. Train and test come from the same distribution.
     Raises DataError if some class does not appear in y_train (only possible for tiny n_train).
@@ -78,9 +79,9 @@ def make_synthetic(seed: int = 0, n_train: int = 8192, n_test: int = 2048, featu
     def teacher_labels(x):                                   # x (rows, F) -> (rows,) int64
         return np.argmax((teacher_scores(x) - score_mean) / score_std, axis=1).astype(np.int64)
 
-    x_train = rng.standard_normal((n_train, features))       # (N, F) float64
+    x_train = rng.standard_normal((n_train, features))       # (S, F) float64
     x_test = rng.standard_normal((n_test, features))         # (T, F) float64
-    y_train = teacher_labels(x_train)                        # (N,)
+    y_train = teacher_labels(x_train)                        # (S,)
     y_test = teacher_labels(x_test)                          # (T,)
 
     counts = np.bincount(y_train, minlength=classes)         # (C,)
@@ -100,8 +101,8 @@ def load_npz(path: str) -> Dataset:
     """Load and check a dataset saved with np.savez(path, x=..., y=..., [x_test=..., y_test=...]).
 
     Keys:
-        x        (N, F)  floating point; integer x (e.g. uint8 pixels) is accepted and converted
-        y        (N,)    integer labels >= 0 (float labels are refused, even integral ones)
+        x        (S, F)  floating point; integer x (e.g. uint8 pixels) is accepted and converted
+        y        (S,)    integer labels >= 0 (float labels are refused, even integral ones)
         x_test   (T, F)  optional, same F as x; x_test and y_test come together or not at all
         y_test   (T,)
     Other keys are ignored. The file is read with allow_pickle=False, so object arrays are refused.
@@ -204,11 +205,11 @@ def _one_line(error):
 class BatchSchedule:
     """The global batch of training-row indices for every step.
 
-    Step s is in epoch e = s // steps_per_epoch. The epoch's order of the N rows is
-        arange(N)                                            when not shuffled
-        np.random.default_rng([seed, e]).permutation(N)      when shuffled
+    Step s is in epoch e = s // steps_per_epoch. The epoch's order of the S rows is
+        arange(S)                                            when not shuffled
+        np.random.default_rng([seed, e]).permutation(S)      when shuffled
     and step s takes the (s % steps_per_epoch)-th block of G rows of that order. steps_per_epoch
-    is N // G: the last N % G rows of each epoch's order are dropped, so every step has exactly G
+    is S // G: the last S % G rows of each epoch's order are dropped, so every step has exactly G
     rows (when shuffled, different rows are dropped each epoch).
     """
 
@@ -226,10 +227,10 @@ class BatchSchedule:
         self.shuffle = shuffle
         self.steps_per_epoch = num_samples // global_batch
         self._epoch = None           # the epoch whose order is in self._order
-        self._order = None           # (N,) int64, read-only, computed once per epoch
+        self._order = None           # (S,) int64, read-only, computed once per epoch
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        """(N,) int64, read-only: the order in which epoch `epoch` visits the training rows."""
+        """(S,) int64, read-only: the order in which epoch `epoch` visits the training rows."""
         if epoch != self._epoch:
             if self.shuffle:
                 order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
