@@ -1,8 +1,12 @@
 """The test oracle: plain single-process AdamW on the whole global batch.
 
-No flat buffers, no shards, no MPI: one weight and one bias array per layer, the layer functions
-(themselves checked against finite differences in test_layers.py), and the AdamW formula written
-out the textbook way (sqrt(v_hat), not zerompi.adam's chunked in-place form).
+No flat buffers, no shards, no MPI, no micro-batches: one weight and one bias array per layer, the
+layer functions (themselves checked against finite differences in test_layers.py), and the AdamW
+formula written out the textbook way (sqrt(v_hat), not zerompi.adam's chunked in-place form).
+
+Mixed precision (storage = float16 or bfloat16) is done the textbook way too: an fp32 master copy;
+16-bit parameters rounded from it; forward and backward in fp32 from the 16-bit parameters; the
+whole batch's gradient rounded to 16 bits once; Adam on the master in fp32.
 """
 import numpy as np
 
@@ -11,7 +15,7 @@ from zerompi.layout import Layout
 from zerompi.model import init_unit_values
 
 
-def initial_weights(sizes, seed, dtype):
+def initial_weights(sizes, seed, dtype=np.float64):
     """[(weight (O, I), bias (O,)), ...] exactly as zerompi initializes them."""
     layers = []
     for unit in Layout(sizes, 1).units:
@@ -53,22 +57,37 @@ def loss_and_grads(layers, x, labels):
     return loss, grads
 
 
-def adamw_train(layers, batches, lr, weight_decay, beta1=0.9, beta2=0.999, eps=1e-8):
-    """Run AdamW over [(x, labels), ...] global batches; returns the new layers and the losses."""
-    params = [p.copy() for layer in layers for p in layer]
-    m = [np.zeros_like(p) for p in params]
-    v = [np.zeros_like(p) for p in params]
-    losses = []
+def global_norm(grads):
+    return float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for layer in grads for g in layer)))
+
+
+def adamw_train(layers, batches, lr, weight_decay, beta1=0.9, beta2=0.999, eps=1e-8, storage=None,
+                clip_norm=0.0):
+    """Run AdamW over [(x, labels), ...] global batches. storage: None for full precision in the
+    layers' dtype, or a 16-bit dtype for mixed precision. Returns (layers in the storage dtype,
+    losses, gradient norms before clipping)."""
+    compute = layers[0][0].dtype if storage is None else np.dtype(np.float32)
+    master = [p.astype(compute) for layer in layers for p in layer]
+    m = [np.zeros_like(p) for p in master]
+    v = [np.zeros_like(p) for p in master]
+    stored = (lambda p: p) if storage is None else (lambda p: p.astype(storage))
+    losses, norms = [], []
     for t, (x, labels) in enumerate(batches, start=1):
+        params = [stored(p).astype(compute) for p in master]       # what forward sees
         current = [(params[2 * i], params[2 * i + 1]) for i in range(len(layers))]
-        loss, grads = loss_and_grads(current, x, labels)
+        loss, grads = loss_and_grads(current, x.astype(compute), labels)
+        flat_grads = [stored(g).astype(compute) for layer in grads for g in layer]
         losses.append(loss)
-        flat_grads = [g for layer in grads for g in layer]
-        for p, g, m_p, v_p in zip(params, flat_grads, m, v):
+        norm = global_norm([flat_grads])
+        norms.append(norm)
+        clip = min(1.0, clip_norm / (norm + 1e-6)) if clip_norm > 0 else 1.0
+        for p, g, m_p, v_p in zip(master, flat_grads, m, v):
+            g = g * clip
             p *= 1 - lr * weight_decay
             m_p[...] = beta1 * m_p + (1 - beta1) * g
             v_p[...] = beta2 * v_p + (1 - beta2) * g * g
             m_hat = m_p / (1 - beta1 ** t)
             v_hat = v_p / (1 - beta2 ** t)
             p -= lr * m_hat / (np.sqrt(v_hat) + eps)
-    return [(params[2 * i], params[2 * i + 1]) for i in range(len(layers))], losses
+    final = [stored(p) for p in master]
+    return [(final[2 * i], final[2 * i + 1]) for i in range(len(layers))], losses, norms

@@ -3,16 +3,20 @@
 For step t = 1, 2, ... and every element (Loshchilov & Hutter's decoupled weight decay, with the
 bias correction of Kingma & Ba, exactly as torch.optim.AdamW computes it):
 
+    g  = grad * grad_multiplier                  unscale (1 / loss scale) and clip, in one product
     p  = p * (1 - lr * wd)                       decoupled weight decay
     m  = beta1 * m + (1 - beta1) * g             first moment
     v  = beta2 * v + (1 - beta2) * g^2           second moment
     p  = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
-Every element is independent of every other, which is the whole reason ZeRO can shard it: a rank
-that holds m and v for its owned range only, and the reduced gradient for that range, computes
-exactly the update that single-process Adam computes for those elements.
+p is the master copy: in mixed precision an fp32 `master` array that this class owns, whose new
+values are then rounded into the 16-bit parameters; in full precision the parameters themselves.
 
-The update runs in place over chunks of CHUNK elements with one preallocated scratch of that size,
+Every element is independent of every other, which is the whole reason ZeRO can shard it: a rank
+that holds master, m and v for its owned range only, and the reduced gradient for that range,
+computes exactly the update that single-process Adam computes for those elements.
+
+The update runs in place over chunks of CHUNK elements with preallocated scratch of that size,
 so it allocates nothing per step and keeps each chunk in cache across its passes.
 """
 import math
@@ -25,7 +29,6 @@ CHUNK = 32768
 
 @dataclass(frozen=True)
 class AdamConfig:
-    lr: float = 1e-3
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -33,31 +36,38 @@ class AdamConfig:
 
 
 class AdamW:
-    """m and v for `numel` elements (a rank's shard, or everything in stage 0)."""
+    """State for `numel` elements: a rank's owned shards, or everything in stage 0."""
 
-    def __init__(self, numel, dtype, config, ledger):
+    def __init__(self, numel, precision, config, ledger):
         self.config = config
+        dtype = precision.compute
+        self.master = ledger.alloc("optimizer", "adam.master", (numel,), dtype) if precision.mixed else None
         self.m = ledger.alloc("optimizer", "adam.m", (numel,), dtype)
         self.v = ledger.alloc("optimizer", "adam.v", (numel,), dtype)
-        self.scratch = ledger.alloc("work", "adam.scratch", (min(numel, CHUNK),), dtype)
+        chunk = min(numel, CHUNK)
+        self.scratch = ledger.alloc("work", "adam.scratch", (chunk,), dtype)
+        self.grad_scratch = ledger.alloc("work", "adam.grad_scratch", (chunk,), dtype)
         self.t = 0
 
     def begin_step(self):
         """Advance t once per optimizer step, before the `update` calls of that step."""
         self.t += 1
 
-    def update(self, param, grad, state_slice):
-        """In place: param, grad (n,) are the elements whose state is m[state_slice], v[state_slice]."""
+    def update(self, param, grad, state_slice, lr, grad_multiplier=1.0):
+        """In place: param, grad (n,) are the elements whose state is [state_slice] of master, m, v."""
         c = self.config
-        decay = 1.0 - c.lr * c.weight_decay
-        step_size = c.lr / (1.0 - c.beta1 ** self.t)
+        decay = 1.0 - lr * c.weight_decay
+        step_size = lr / (1.0 - c.beta1 ** self.t)
         sqrt_bias2 = math.sqrt(1.0 - c.beta2 ** self.t)
-        m = self.m[state_slice]
-        v = self.v[state_slice]
+        master = param if self.master is None else self.master[state_slice]
+        m, v = self.m[state_slice], self.v[state_slice]
         for lo in range(0, param.size, CHUNK):
             hi = min(lo + CHUNK, param.size)
-            p, g, m_c, v_c = param[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi]
+            p, g, m_c, v_c = master[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi]
             s = self.scratch[:hi - lo]
+            if grad_multiplier != 1.0 or g.dtype != p.dtype:
+                g = np.multiply(g, grad_multiplier, out=self.grad_scratch[:hi - lo],
+                                dtype=self.grad_scratch.dtype)   # widened first, then unscaled
             p *= decay                          # p = p (1 - lr wd)
             m_c *= c.beta1
             np.multiply(g, 1.0 - c.beta1, out=s)
@@ -72,3 +82,5 @@ class AdamW:
             np.divide(m_c, s, out=s)
             s *= step_size
             p -= s                              # p = p - lr / (1 - b1^t) * m / denom
+            if self.master is not None:
+                param[lo:hi] = p                # round the fp32 master into the 16-bit parameters

@@ -4,7 +4,7 @@ Every array collective is one of mpi4py's buffer (uppercase) methods on one cont
 never the pickling lowercase ones. Each call is timed and recorded in the CommLedger.
 
     allreduce_sum(buf)               buf (n,) <- sum over ranks of buf               (stage 0)
-    reduce_scatter_sum(full, shard)  shard (n/N,) <- sum over ranks of full[r-th block]
+    reduce_scatter_sum(full, shard)  shard (n/N,) <- (or +=) sum over ranks of full[r-th block]
     reduce_scatter_sum_in_place(full) -> full[:n/N] holds that sum; the rest is garbage (stage 1)
     allgather(shard, full)           full (n,) <- concatenation of every rank's shard (stage 3)
     allgather_in_place(full)         full[r-th block] is rank r's contribution        (stages 1-2)
@@ -19,6 +19,10 @@ all-gather is its mirror image: each rank brings one block and every rank leaves
 An all-reduce is a reduce-scatter followed by an all-gather; that is why ZeRO stages 1 and 2 move
 the same volume as plain data parallelism.
 
+16-bit buffers: sums are computed in float32 through a one-unit staging buffer and rounded to 16
+bits once (zerompi/precision.py says why); all-gathers move the 16-bit words as they are. The
+ledger records the buffer that actually went to MPI, so its bytes show the widened reductions.
+
 `check_all` turns an error found on some ranks into the same clean exit on all of them.
 """
 import sys
@@ -28,6 +32,12 @@ from mpi4py import MPI
 import numpy as np
 
 from .ledger import CommLedger
+from .precision import is_16bit
+
+
+def _words(buf):
+    """16-bit floats as uint16 words (MPI has no bfloat16 type; a gather only copies bits)."""
+    return buf.view(np.uint16) if is_16bit(buf) else buf
 
 
 class Communicator:
@@ -37,35 +47,66 @@ class Communicator:
         self.size = self.mpi.Get_size()
         self.ledger = CommLedger()
 
-    def _record(self, op, purpose, buffer, start):
-        self.ledger.record(op, purpose, buffer, self.size, time.perf_counter() - start)
+    def reserve_staging(self, memory, max_elements, reduce_dtype):
+        """Staging for reductions that cannot run on the buffer itself: 16-bit buffers (widened
+        to reduce_dtype, see zerompi/precision.py) and accumulating reduce-scatters. One unit's
+        worth, ledgered as work memory."""
+        self.staging_full = memory.alloc("work", "comm.staging_full", (max_elements,), reduce_dtype)
+        self.staging_shard = memory.alloc("work", "comm.staging_shard", (max_elements // self.size,),
+                                          reduce_dtype)
+
+    def _record(self, op, purpose, wire_buffer, start):
+        self.ledger.record(op, purpose, wire_buffer, self.size, time.perf_counter() - start)
 
     def allreduce_sum(self, buf, purpose):
+        """buf <- sum over ranks of buf, in place; 16-bit buffers are summed in reduce_dtype."""
+        wire = buf
+        if is_16bit(buf):
+            wire = self.staging_full[:buf.size]
+            wire[...] = buf                                # widen
         start = time.perf_counter()
-        self.mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        self._record("allreduce", purpose, buf, start)
+        self.mpi.Allreduce(MPI.IN_PLACE, wire, op=MPI.SUM)
+        self._record("allreduce", purpose, wire, start)
+        if wire is not buf:
+            buf[...] = wire                                # round once
 
-    def reduce_scatter_sum(self, full, shard, purpose):
+    def reduce_scatter_sum(self, full, shard, purpose, accumulate=False):
+        """shard (n/N,) <- (or +=, with accumulate) the sum over ranks of this rank's block of full (n,)."""
+        send = full
+        if is_16bit(full):
+            send = self.staging_full[:full.size]
+            send[...] = full                               # widen
+        recv = self.staging_shard[:shard.size] if (accumulate or send is not full) else shard
         start = time.perf_counter()
-        self.mpi.Reduce_scatter_block(full, shard, op=MPI.SUM)
-        self._record("reduce_scatter", purpose, full, start)
+        self.mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
+        self._record("reduce_scatter", purpose, send, start)
+        if accumulate:
+            shard += recv                                  # gradient accumulation: add this micro-batch
+        elif recv is not shard:
+            shard[...] = recv                              # round once
 
     def reduce_scatter_sum_in_place(self, full, purpose):
-        """MPI_IN_PLACE: the input is `full`; this rank's reduced block lands at its front."""
+        """Returns full[:n/N], holding the sum over ranks of this rank's block of full (n,). The
+        rest of full is garbage afterwards. (MPI_IN_PLACE: the reduced block lands at the front.)"""
+        shard = full[:full.size // self.size]
+        if is_16bit(full):
+            self.reduce_scatter_sum(full, shard, purpose)  # via staging; shard is read first
+            return shard
         start = time.perf_counter()
         self.mpi.Reduce_scatter_block(MPI.IN_PLACE, full, op=MPI.SUM)
         self._record("reduce_scatter", purpose, full, start)
-        return full[:full.size // self.size]
+        return shard
 
     def allgather(self, shard, full, purpose):
+        """full (n,) <- every rank's shard (n/N,), in rank order; 16-bit values travel as 16-bit words."""
         start = time.perf_counter()
-        self.mpi.Allgather(shard, full)
+        self.mpi.Allgather(_words(shard), _words(full))
         self._record("allgather", purpose, full, start)
 
     def allgather_in_place(self, full, purpose):
         """MPI_IN_PLACE: this rank's block of `full` is already in place."""
         start = time.perf_counter()
-        self.mpi.Allgather(MPI.IN_PLACE, full)
+        self.mpi.Allgather(MPI.IN_PLACE, _words(full))
         self._record("allgather", purpose, full, start)
 
     def gather_to_root(self, send, recv):
@@ -85,13 +126,13 @@ class Communicator:
         if self.rank == 0:
             print(*args, file=file if file is not None else sys.stdout, flush=True, **kwargs)
 
-    def check_all(self, error):
+    def check_all(self, error, exit_code=2):
         """Collective: every rank passes its error message or None. If any rank has one, the
-        lowest such rank prints it (one line, once) and every rank raises SystemExit(2)."""
+        lowest such rank prints it (one line, once) and every rank raises SystemExit(exit_code)."""
         flag = np.array([self.rank if error is not None else self.size], dtype=np.int64)
         self.mpi.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
         first_failing = int(flag[0])
         if first_failing < self.size:
             if self.rank == first_failing:
                 print(f"zerompi: error: {error}", file=sys.stderr, flush=True)
-            raise SystemExit(2)
+            raise SystemExit(exit_code)

@@ -1,6 +1,6 @@
 """Training configuration: one dataclass with commented defaults, its command line, its checks.
 
-The defaults train the embedded synthetic set with `mpirun -n 8 python -m zerompi.train` in well
+The defaults train the shipped handwritten digits with `mpirun -n 8 python -m zerompi.train` in well
 under a minute on 2 cores. Every check here runs identically on every rank (it depends only on the
 arguments and N), so every rank reaches the same verdict without communicating.
 """
@@ -8,7 +8,8 @@ import argparse
 import math
 from dataclasses import dataclass, fields
 
-DTYPES = ("float32", "float64")
+from .precision import DTYPE_NAMES
+from .schedule import SCHEDULES
 
 
 @dataclass
@@ -16,16 +17,24 @@ class TrainConfig:
     stage: int = 3                  # ZeRO stage: 0 (plain data parallel), 1, 2 or 3
     hidden: tuple = (128, 128)      # hidden layer widths; input and output widths come from the data
     classes: int = 0                # output width; 0: 1 + the largest label in the data
-    batch_size: int = 256           # GLOBAL batch: rows per step summed over all ranks
+    batch_size: int = 128           # GLOBAL batch: rows per optimizer step summed over all ranks
+    grad_accum: int = 1             # micro-batches per step (each rank: batch_size / (N * grad_accum) rows)
     steps: int = 300                # optimizer steps
-    lr: float = 3e-3                # AdamW learning rate
+    lr: float = 3e-3                # peak AdamW learning rate
+    lr_schedule: str = "cosine"     # constant, or cosine decay after the warm-up
+    warmup_steps: int = 20          # linear warm-up steps
+    min_lr: float = 0.0             # where the cosine ends
     weight_decay: float = 0.01      # AdamW decoupled weight decay
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    clip_norm: float = 0.0          # clip the global gradient norm to this (0: no clipping)
+    dtype: str = "float32"          # float32, float64, bf16 or fp16 (16-bit: fp32 master and Adam state)
+    loss_scale: float = 2.0 ** 16   # fp16: initial dynamic loss scale
+    loss_scale_window: int = 200    # fp16: good steps before the scale doubles
+    min_loss_scale: float = 1.0     # fp16: stop with an error when the scale falls below this
     seed: int = 0                   # initial weights and the shuffling of batches
-    dtype: str = "float32"          # parameters, gradients and Adam state
-    data: str = ""                  # .npz with x, y (and optionally x_test, y_test); "": synthetic
+    data: str = "digits"            # digits (shipped), synthetic (generated), or an .npz path
     shuffle: bool = True            # shuffle the training rows every epoch (by seed), else in order
     init_weights: str = ""          # start from this consolidated .npz instead of a random init
     save_weights: str = ""          # write the final weights here as one consolidated .npz
@@ -74,18 +83,32 @@ def build_parser(rank=0):
     p.add_argument("--hidden", type=_positive_ints, default=",".join(map(str, d.hidden)),
                    help="hidden widths, comma-separated")
     p.add_argument("--classes", type=int, default=d.classes, help="output width (0: from the labels)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (divisible by N)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="global batch per optimizer step (divisible by N * grad-accum)")
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum,
+                   help="micro-batches per optimizer step (gradient accumulation)")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
-    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
+    p.add_argument("--lr-schedule", default=d.lr_schedule, metavar="{" + ",".join(SCHEDULES) + "}",
+                   help="constant, or cosine decay to --min-lr after the warm-up")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="linear warm-up steps")
+    p.add_argument("--min-lr", type=float, default=d.min_lr, help="learning rate at the end of the cosine")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decoupled weight decay")
     p.add_argument("--beta1", type=float, default=d.beta1, help="AdamW first-moment decay")
     p.add_argument("--beta2", type=float, default=d.beta2, help="AdamW second-moment decay")
     p.add_argument("--eps", type=float, default=d.eps, help="AdamW denominator epsilon")
+    p.add_argument("--clip-norm", type=float, default=d.clip_norm,
+                   help="clip the global gradient norm to this (0: off)")
     p.add_argument("--seed", type=int, default=d.seed, help="initial weights and batch order")
-    p.add_argument("--dtype", default=d.dtype, metavar="{" + ",".join(DTYPES) + "}",
-                   help="parameters, gradients and Adam state")
-    p.add_argument("--data", default=d.data, help=".npz with x (samples, features) float and y (samples,) "
-                   "integer labels, optionally x_test and y_test; empty: the embedded synthetic set")
+    p.add_argument("--dtype", default=d.dtype, metavar="{float32,float64,bf16,fp16}",
+                   help="parameters and gradients; bf16/fp16 keep an fp32 master copy and Adam state")
+    p.add_argument("--loss-scale", type=float, default=d.loss_scale, help="fp16: initial loss scale")
+    p.add_argument("--loss-scale-window", type=int, default=d.loss_scale_window,
+                   help="fp16: good steps before the loss scale doubles")
+    p.add_argument("--min-loss-scale", type=float, default=d.min_loss_scale,
+                   help="fp16: stop with an error when the loss scale falls below this")
+    p.add_argument("--data", default=d.data, help="digits (shipped), synthetic (generated), or an .npz "
+                   "with x (samples, features) float and y (samples,) integer labels, optionally x_test, y_test")
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=d.shuffle,
                    help="shuffle the training rows each epoch (by --seed); --no-shuffle: file order")
     p.add_argument("--init-weights", default=d.init_weights, help="start from this consolidated .npz")
@@ -106,23 +129,29 @@ def check_config(cfg, num_ranks):
     """The first problem with cfg for N = num_ranks, as a one-line message, or None."""
     if cfg.stage not in (0, 1, 2, 3):
         return f"unknown --stage {cfg.stage}: choose 0, 1, 2 or 3"
-    if cfg.dtype not in DTYPES:
-        return f"unknown --dtype {cfg.dtype!r}: choose one of {', '.join(DTYPES)}"
+    if cfg.dtype not in DTYPE_NAMES:
+        return f"unknown --dtype {cfg.dtype!r}: choose float32, float64, bf16 or fp16"
+    if cfg.lr_schedule not in SCHEDULES:
+        return f"unknown --lr-schedule {cfg.lr_schedule!r}: choose {' or '.join(SCHEDULES)}"
     if cfg.report not in ("table", "json", "none"):
         return f"unknown --report {cfg.report!r}: choose table, json or none"
-    for name in ("batch_size", "steps"):
+    for name in ("batch_size", "steps", "grad_accum", "loss_scale_window"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"
     if cfg.classes < 0:
         return f"--classes must be positive (or 0 for: from the labels), got {cfg.classes}"
     if cfg.log_every < 0:
         return f"--log-every must be >= 0, got {cfg.log_every}"
-    if cfg.batch_size % num_ranks != 0:
-        return (f"--batch-size {cfg.batch_size} cannot be split evenly over {num_ranks} ranks: "
-                f"use a multiple of {num_ranks}")
+    if cfg.warmup_steps < 0:
+        return f"--warmup-steps must be >= 0, got {cfg.warmup_steps}"
+    parts = num_ranks * cfg.grad_accum
+    if cfg.batch_size % parts != 0:
+        split = f"{num_ranks} ranks" + (f" x {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else "")
+        return f"--batch-size {cfg.batch_size} cannot be split evenly over {split}: use a multiple of {parts}"
     if cfg.seed < 0:
         return f"--seed must be >= 0, got {cfg.seed}"
-    for name in ("lr", "weight_decay", "beta1", "beta2", "eps"):
+    for name in ("lr", "weight_decay", "beta1", "beta2", "eps", "min_lr", "clip_norm", "loss_scale",
+                 "min_loss_scale"):
         if not math.isfinite(getattr(cfg, name)):
             return f"--{name.replace('_', '-')} must be a finite number, got {getattr(cfg, name)}"
     if not cfg.lr > 0:
@@ -133,4 +162,10 @@ def check_config(cfg, num_ranks):
         return f"--beta1 and --beta2 must be in [0, 1), got {cfg.beta1} and {cfg.beta2}"
     if not cfg.eps > 0:
         return f"--eps must be positive, got {cfg.eps}"
+    if not 0 <= cfg.min_lr <= cfg.lr:
+        return f"--min-lr must be in [0, --lr], got {cfg.min_lr}"
+    if cfg.clip_norm < 0:
+        return f"--clip-norm must be >= 0 (0: off), got {cfg.clip_norm}"
+    if not cfg.loss_scale > 0 or not cfg.min_loss_scale > 0:
+        return f"--loss-scale and --min-loss-scale must be positive, got {cfg.loss_scale}, {cfg.min_loss_scale}"
     return None

@@ -6,6 +6,7 @@ Shapes (defined once, used in every comment below):
     T      held-out (test) samples     C   classes
     G      global batch (rows per step, summed over all ranks)
 
+load_digits()          the handwritten digits shipped in the package (the default data set).
 make_synthetic(seed)   a procedurally generated set: x ~ N(0, I), labels from a fixed random
                        "teacher" network, so an MLP can learn it well above chance. No download,
                        bitwise deterministic given its arguments.
@@ -91,6 +92,24 @@ def make_synthetic(seed: int = 0, n_train: int = 8192, n_test: int = 2048, featu
                         f"{n_train} training samples; use more samples or fewer classes")
     return Dataset(x_train, y_train, x_test, y_test, num_classes=classes,
                    name=f"synthetic(seed={seed})")
+
+
+# ----------------------------------------------------------------------------------------------
+# The handwritten digits shipped in the package
+# ----------------------------------------------------------------------------------------------
+
+DIGITS_PATH = os.path.join(os.path.dirname(__file__), "datasets", "digits.npz")
+
+
+def load_digits() -> Dataset:
+    """The UCI handwritten digits (Alpaydin & Kaynak 1998, CC BY 4.0), shipped in the package:
+    8x8 images of 0..9, x (1497, 64) and a held-out x_test (300, 64), pixel counts 0..16 scaled to
+    [0, 1]. tools/make_digits.py wrote the file from scikit-learn's copy; no download."""
+    data = load_npz(DIGITS_PATH)
+    data.x_train /= 16.0
+    data.x_test /= 16.0
+    data.name = "digits"
+    return data
 
 
 # ----------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
     layout  = Layout(sizes, N)              where each unit lives (zerompi/layout.py)
     memory  = MemoryLedger()                every buffer below is allocated through it
     zero    = STAGES[stage](layout, ...)    parameters, gradients, Adam state, collectives
-    mlp     = MLP(layout, batch_rows, ...)  activation buffers for this rank's rows
+    mlp     = MLP(layout, batch_rows, ...)  activation buffers for this rank's rows of a micro-batch
 """
 from dataclasses import dataclass
 
@@ -25,13 +25,13 @@ class Engine:
     def init_params(self, seed):
         """Every rank draws the same initial values, one unit at a time, and keeps what its stage keeps."""
         for unit in self.layout.units:
-            self.zero.set_unit_params(unit, init_unit_values(unit, seed).astype(self.zero.dtype))
+            self.zero.set_unit_params(unit, init_unit_values(unit, seed))
 
 
-def build_engine(sizes, stage, dtype, adam_config, batch_rows, comm=None):
+def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None):
     comm = comm if comm is not None else Communicator()
     layout = Layout(sizes, comm.size)
     memory = MemoryLedger()
-    zero = STAGES[stage](layout, comm, memory, dtype, adam_config)
-    mlp = MLP(layout, batch_rows, dtype, memory)
+    zero = STAGES[stage](layout, comm, memory, precision, adam_config)
+    mlp = MLP(layout, batch_rows, precision, memory)
     return Engine(layout, comm, memory, zero, mlp)

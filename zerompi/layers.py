@@ -14,9 +14,11 @@ same preallocated buffers.
     GELU:     y = x/2 (1 + tanh(u)),        u  = sqrt(2/pi) (x + 0.044715 x^3)
               dy/dx = (1 + t)/2 + x/2 (1 - t^2) sqrt(2/pi) (1 + 3*0.044715 x^2),  t = tanh(u)
               (the tanh form; PyTorch's GELU(approximate="tanh"))
-    softmax cross-entropy, mean over the GLOBAL batch of B_global rows:
+    softmax cross-entropy, mean over the GLOBAL batch of B_global rows, loss scale S:
               loss = -1/B_global sum_rows log softmax(z)[label]
-              dz   = (softmax(z) - onehot(label)) / B_global
+              dz   = S (softmax(z) - onehot(label)) / B_global
+              (S = 1 except in fp16 training, where it keeps small gradients above fp16's
+              smallest number; Adam divides it back out)
 
 The loss gradient is divided by the global batch size, not the local one, so that summing the
 ranks' gradients (what reduce-scatter and all-reduce do) gives exactly the gradient of the global
@@ -81,11 +83,11 @@ def gelu_backward(dy, x, tanh_u, dx):
     dx *= dy                             # dx = dy * GELU'(x)
 
 
-def softmax_cross_entropy(logits, labels, global_batch, dlogits):
+def softmax_cross_entropy(logits, labels, global_batch, dlogits, loss_scale=1.0):
     """Loss summed over the local rows and divided by the global batch size.
 
     logits (B, C), labels (B,) int -> returns (loss_part, correct); writes
-    dlogits (B, C) = (softmax(logits) - onehot(labels)) / global_batch. dlogits may alias logits.
+    dlogits (B, C) = loss_scale (softmax(logits) - onehot(labels)) / global_batch. dlogits may alias logits.
     loss_part summed over ranks is the mean loss of the global batch; correct counts argmax hits.
     """
     rows = np.arange(labels.shape[0])
@@ -97,5 +99,5 @@ def softmax_cross_entropy(logits, labels, global_batch, dlogits):
     loss_part = float(np.sum(np.log(sum_exp) - picked)) / global_batch   # -log softmax(z)[label]
     dlogits /= sum_exp[:, None]                                          # softmax(z)
     dlogits[rows, labels] -= 1.0                                         # - onehot
-    dlogits /= global_batch
+    dlogits *= loss_scale / global_batch
     return loss_part, correct

@@ -84,12 +84,18 @@ def model_state_bytes(stage: int, num_params: float, num_ranks: int, b: BytesPer
             "total": params + grads + optimizer}
 
 
-def comm_elements_per_step(stage: int, num_params: float, num_ranks: int) -> float:
-    """Per-rank ring volume in elements per step: 2Ψ(N-1)/N for stages 0-2, 3Ψ(N-1)/N for stage 3."""
+def comm_elements_per_step(stage: int, num_params: float, num_ranks: int, micro_batches: int = 1) -> float:
+    """Per-rank ring volume in elements per step: 2Ψ(N-1)/N for stages 0-2, 3Ψ(N-1)/N for stage 3.
+
+    With K micro-batches per step (gradient accumulation), the stages that keep no full gradient
+    between micro-batches communicate per micro-batch: stage 2 reduce-scatters K times,
+    (K+1)Ψ(N-1)/N; stage 3 also gathers parameters K times in forward and backward, 3KΨ(N-1)/N.
+    """
     _check(stage, num_params, num_ranks)
-    # Stages 0-2: all-reduce = reduce-scatter + all-gather (2 passes over Ψ).
-    # Stage 3: params all-gathered in forward and in backward, grads reduce-scattered (3).
-    passes_over_params = 3 if stage == 3 else 2
+    # Stages 0-1: all-reduce = reduce-scatter + all-gather (2 passes over Ψ), once per step.
+    # Stage 2: a reduce-scatter per micro-batch, one all-gather per step.
+    # Stage 3: params all-gathered in forward and in backward, grads reduce-scattered: per micro-batch.
+    passes_over_params = {0: 2, 1: 2, 2: micro_batches + 1, 3: 3 * micro_batches}[stage]
     return passes_over_params * num_params * (num_ranks - 1) / num_ranks
 
 

@@ -11,6 +11,12 @@ rows. For unit i with input width I and output width O:
     x_{i+1}(B, O)  = GELU(pre_i)             d_x_i   (B, I) = d_pre_i W_i
     (last unit: pre_i are the logits, and the loss writes d_logits over them in place)
 
+In mixed precision (zerompi/precision.py) the stage hands out 16-bit weights and gradient views:
+forward and backward widen the unit's weight and bias into a one-unit float32 buffer
+(`param_work`) and compute in float32; backward computes the weight and bias gradients into a
+second one (`grad_work`) and rounds them into the 16-bit gradient view. `grad_work` also serves
+gradient accumulation (numpy's matmul cannot add into its output): compute, then add.
+
 Parameters start as in torch.nn.Linear: W, b ~ U(-1/sqrt(I), 1/sqrt(I)), drawn per unit from
 numpy's generator seeded with (seed, unit index), so they do not depend on N or the stage.
 """
@@ -27,11 +33,11 @@ def init_unit_values(unit, seed):
 
 
 class MLP:
-    def __init__(self, layout, batch_rows, dtype, memory):
+    def __init__(self, layout, batch_rows, precision, memory):
         self.units = layout.units
         self.last = len(self.units) - 1
         alloc = memory.alloc
-        B = batch_rows
+        B, dtype = batch_rows, precision.compute
         self.x = [alloc("activations", f"x{u.index}", (B, u.in_features), dtype) for u in self.units]
         self.pre = [alloc("activations", f"pre{u.index}", (B, u.out_features), dtype) for u in self.units]
         hidden = self.units[:-1]
@@ -39,6 +45,8 @@ class MLP:
         self.d_pre = [alloc("activations", f"d_pre{u.index}", (B, u.out_features), dtype) for u in hidden]
         self.d_x = [None] + [alloc("activations", f"d_x{u.index}", (B, u.in_features), dtype)
                              for u in self.units[1:]]
+        self.param_work = alloc("work", "mlp.param_work", (layout.max_unit_padded,), dtype)
+        self.grad_work = alloc("work", "mlp.grad_work", (layout.max_unit_padded,), dtype)
 
     def load_input(self, x):
         """Copy a batch x (n, sizes[0]) into the first input buffer; returns the view used."""
@@ -46,9 +54,19 @@ class MLP:
         self.x[0][:n] = x
         return self.x[0][:n]
 
+    def compute_params(self, unit, weight, bias):
+        """(weight, bias) in the compute dtype: as given, or widened into param_work."""
+        if weight.dtype == self.param_work.dtype:
+            return weight, bias
+        wide_weight, wide_bias = unit.views(self.param_work[:unit.padded])
+        wide_weight[...] = weight
+        wide_bias[...] = bias
+        return wide_weight, wide_bias
+
     def forward_unit(self, unit, x, weight, bias):
         """x (n, I) -> the unit's output (n, O): GELU(pre) for hidden units, the logits for the last."""
         n, i = x.shape[0], unit.index
+        weight, bias = self.compute_params(unit, weight, bias)
         pre = self.pre[i][:n]
         linear_forward(x, weight, bias, pre)
         if i == self.last:
@@ -57,9 +75,9 @@ class MLP:
         gelu_forward(pre, out, self.tanh_u[i][:n])
         return out
 
-    def backward_unit(self, unit, d_out, weight, dweight, dbias):
-        """d_out (n, O), the gradient of the unit's output -> writes dweight, dbias; returns the
-        gradient of its input (n, I), or None for the first unit."""
+    def backward_unit(self, unit, d_out, weight, bias, dweight, dbias, accumulate):
+        """d_out (n, O), the gradient of the unit's output -> writes (or, with accumulate, adds
+        to) dweight, dbias; returns the gradient of its input (n, I), or None for the first unit."""
         n, i = d_out.shape[0], unit.index
         if i == self.last:
             d_pre = d_out                            # the loss already gave d_logits
@@ -67,5 +85,16 @@ class MLP:
             d_pre = self.d_pre[i][:n]
             gelu_backward(d_out, self.pre[i][:n], self.tanh_u[i][:n], d_pre)
         d_x = None if i == 0 else self.d_x[i][:n]
-        linear_backward(d_pre, self.x[i][:n], weight, dweight, dbias, d_x)
+        weight, _ = self.compute_params(unit, weight, bias)
+        if dweight.dtype == self.grad_work.dtype and not accumulate:
+            linear_backward(d_pre, self.x[i][:n], weight, dweight, dbias, d_x)   # straight into place
+            return d_x
+        work_dweight, work_dbias = unit.views(self.grad_work[:unit.padded])
+        linear_backward(d_pre, self.x[i][:n], weight, work_dweight, work_dbias, d_x)
+        if accumulate:
+            dweight += work_dweight                  # next micro-batch: add
+            dbias += work_dbias
+        else:
+            dweight[...] = work_dweight              # round into 16-bit storage
+            dbias[...] = work_dbias
         return d_x

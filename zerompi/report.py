@@ -2,12 +2,13 @@
 
 Measured (from zerompi/ledger.py): bytes of every buffer allocated, by kind; the OS peak RSS; the
 ring volume of every collective, counted from the buffer handed to MPI.
-Formulas (from zerompi/memory.py), with P = G = itemsize and K = 2 itemsize (Adam's m and v; in
-fp32/fp64 training the parameters are their own master copy):
+Formulas (from zerompi/memory.py), with P, G, K from zerompi/precision.py (float32: 4, 4, 8 as m
+and v; float64: 8, 8, 16; bf16 and fp16: 2, 2, 12 as the fp32 master, m and v):
 
     model state per rank   stage 0: (P+G+K) Psi   1: (P+G) Psi + K Psi/N   2: P Psi + (G+K) Psi/N
                            stage 3: (P+G+K) Psi / N
     comm per rank per step stages 0-2: 2 Psi (N-1)/N      stage 3: 3 Psi (N-1)/N   (elements)
+                           with K micro-batches: stage 2 (K+1) Psi (N-1)/N, stage 3 3K Psi (N-1)/N
 
 Each formula is shown twice: at Psi (the model's parameter count) and at Psi_pad (each unit padded
 to a multiple of N, what the buffers really hold). Measured equals the Psi_pad column exactly;
@@ -20,7 +21,7 @@ import json
 import numpy as np
 
 from .ledger import MEMORY_KINDS
-from .memory import BytesPerParam, comm_elements_per_step, model_state_bytes
+from .memory import comm_elements_per_step, model_state_bytes
 
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "calls", "comm_seconds")
 
@@ -35,7 +36,7 @@ def rank_numbers(engine, train_comm, steps):
                      (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps], dtype=np.float64)
 
 
-def build_report(engine, train_comm, steps, stage):
+def build_report(engine, train_comm, steps, stage, micro_batches=1):
     """Collective. On rank 0: a dict with every rank's numbers and the formulas; None elsewhere."""
     comm, layout = engine.comm, engine.layout
     mine = rank_numbers(engine, train_comm, steps)
@@ -43,16 +44,16 @@ def build_report(engine, train_comm, steps, stage):
     comm.gather_to_root(mine, everyone)
     if comm.rank != 0:
         return None
-    itemsize = np.dtype(engine.zero.dtype).itemsize
-    bytes_per_param = BytesPerParam(itemsize, itemsize, 2 * itemsize)
+    bytes_per_param = engine.zero.precision.bytes_per_param()
     n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
     return {
-        "stage": stage, "ranks": n, "steps": steps, "dtype": np.dtype(engine.zero.dtype).name,
+        "stage": stage, "ranks": n, "steps": steps, "dtype": engine.zero.precision.name,
         "psi": psi, "psi_padded": psi_pad, "bytes_per_param": bytes_per_param.__dict__,
         "memory_formula_bytes": model_state_bytes(stage, psi, n, bytes_per_param),
         "memory_formula_padded_bytes": model_state_bytes(stage, psi_pad, n, bytes_per_param),
-        "comm_formula_elements_per_step": comm_elements_per_step(stage, psi, n),
-        "comm_formula_padded_elements_per_step": comm_elements_per_step(stage, psi_pad, n),
+        "micro_batches": micro_batches,
+        "comm_formula_elements_per_step": comm_elements_per_step(stage, psi, n, micro_batches),
+        "comm_formula_padded_elements_per_step": comm_elements_per_step(stage, psi_pad, n, micro_batches),
         "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
     }
 
@@ -67,7 +68,11 @@ def _size(num_bytes):
 def format_table(report):
     r = report
     b = r["bytes_per_param"]
-    comm_name = "3 Psi (N-1)/N" if r["stage"] == 3 else "2 Psi (N-1)/N"
+    k = r["micro_batches"]
+    comm_name = {0: "2 Psi (N-1)/N", 1: "2 Psi (N-1)/N", 2: "(K+1) Psi (N-1)/N" if k > 1 else "2 Psi (N-1)/N",
+                 3: "3K Psi (N-1)/N" if k > 1 else "3 Psi (N-1)/N"}[r["stage"]]
+    if k > 1:
+        comm_name += f", K = {k} micro-batches"
     lines = [
         f"ZeRO stage {r['stage']}, N = {r['ranks']} ranks, {r['dtype']}, Psi = {r['psi']:,} parameters"
         f" ({r['psi_padded']:,} padded), P={b['param']:g} G={b['grad']:g} K={b['optimizer']:g} bytes/param",

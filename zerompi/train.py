@@ -2,13 +2,22 @@
 
     1. parse and check the arguments           (every rank; errors printed once, all exit 2)
     2. load the data, build the engine, load initial weights, check the save path
-    3. for each step: this rank's rows of the global batch -> train_step (zerompi/train_step.py)
-       every --log-every steps: one all-reduce of (loss, correct) and a progress line
+    3. for each step: this rank's rows of each micro-batch -> train_step (zerompi/train_step.py)
+       at the step's learning rate (zerompi/schedule.py) and loss scale (zerompi/loss_scale.py)
     4. held-out accuracy, consolidated weights, and the ledger report (zerompi/report.py)
 
-Every rank sees the same global batch sequence (zerompi/data.py's BatchSchedule) and takes rows
-[r*b, (r+1)*b) of it, b = batch_size / N; so the run computes what one process would compute on
-the whole batch, for every stage and N.
+Every rank sees the same global batch sequence (zerompi/data.py's BatchSchedule). Step s's
+global batch of G rows is cut into K micro-batches of G/K rows, and rank r takes rows
+[r*b, (r+1)*b) of each, b = G / (K N):
+
+    global batch  | micro-batch 0               | micro-batch 1               | ...
+                  | rank 0 | rank 1 | ... | N-1 | rank 0 | rank 1 | ... | N-1 |
+
+so the run computes what one process would compute on the whole batch, for every stage, N and K.
+
+Exit status: 0 done; 2 bad input (one line on stderr); 3 training diverged (a non-finite loss or
+gradient in float32/float64/bf16, or the fp16 loss scale collapsed): the last good weights are
+saved where --save-weights is set; 1 an unexpected failure (traceback, MPI_Abort).
 """
 import os
 import sys
@@ -21,11 +30,16 @@ from threadpoolctl import threadpool_limits
 from .adam import AdamConfig
 from .comm import Communicator
 from .config import ArgumentError, check_config, parse_args
-from .data import BatchSchedule, DataError, load_npz, make_synthetic
+from .data import BatchSchedule, DataError, load_digits, load_npz, make_synthetic
 from .engine import build_engine
+from .loss_scale import LossScaler
+from .precision import precision_for
 from .report import build_report, format_json, format_table
+from .schedule import learning_rate
 from .train_step import count_correct, train_step
 from .weights import WeightsError, check_writable, read_weights, save_weights
+
+DIVERGED = 3                          # exit status when training stops on a non-finite loss
 
 
 def blas_threads_per_rank(comm):
@@ -39,7 +53,12 @@ MAX_INFERRED_CLASSES = 100_000       # a larger label is far more likely a broke
 def load_data(cfg):
     """(dataset, error message or None)."""
     try:
-        data = load_npz(cfg.data) if cfg.data else make_synthetic(cfg.seed)
+        if cfg.data == "digits":
+            data = load_digits()
+        elif cfg.data == "synthetic":
+            data = make_synthetic(cfg.seed)
+        else:
+            data = load_npz(cfg.data)
     except DataError as e:
         return None, str(e)
     if not cfg.classes and data.num_classes > MAX_INFERRED_CLASSES:
@@ -62,10 +81,35 @@ def load_initial_weights(engine, cfg):
         return None
     try:
         for unit, values in read_weights(cfg.init_weights, engine.layout):
-            engine.zero.set_unit_params(unit, values.astype(engine.zero.dtype))
+            engine.zero.set_unit_params(unit, values)
     except WeightsError as e:
         return str(e)
     return None
+
+
+class Progress:
+    """Sums of the steps since the last progress line, and the line itself (rank 0 prints)."""
+
+    def __init__(self, cfg, comm, out):
+        self.cfg, self.comm, self.out = cfg, comm, out
+        self.loss = self.correct = self.norm = 0.0
+        self.steps = 0
+        self.since = time.perf_counter()
+
+    def add(self, result):
+        self.loss += result.loss
+        self.correct += result.correct
+        self.norm += result.grad_norm
+        self.steps += 1
+
+    def print_line(self, step, lr, scaler):
+        cfg, n, now = self.cfg, self.steps, time.perf_counter()
+        scale = f" | loss scale {scaler.scale:g}" if scaler.enabled else ""
+        self.comm.print0(f"step {step:>{len(str(cfg.steps))}}/{cfg.steps} | loss {self.loss / n:.4f}"
+                         f" | train acc {100 * self.correct / (n * cfg.batch_size):5.1f}%"
+                         f" | grad norm {self.norm / n:.3g} | lr {lr:.2e}{scale}"
+                         f" | {1e3 * (now - self.since) / n:7.2f} ms/step", file=self.out)
+        self.__init__(cfg, self.comm, self.out)
 
 
 def run(cfg, comm, out):
@@ -73,56 +117,75 @@ def run(cfg, comm, out):
     comm.check_all(error)
     classes = cfg.classes or data.num_classes
     sizes = [data.num_features, *cfg.hidden, classes]
-    dtype = np.dtype(cfg.dtype)
-    rows_per_rank = cfg.batch_size // comm.size
-    adam_config = AdamConfig(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
-    engine = build_engine(sizes, cfg.stage, dtype, adam_config, rows_per_rank, comm)
+    precision = precision_for(cfg.dtype)
+    K = cfg.grad_accum
+    rows = cfg.batch_size // (comm.size * K)                 # this rank's rows of one micro-batch
+    adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
+    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm)
     comm.check_all(load_initial_weights(engine, cfg))
     comm.check_all(check_writable(cfg.save_weights) if cfg.save_weights and comm.rank == 0 else None)
 
-    x_train = data.x_train.astype(dtype)                     # (samples, features)
+    x_train = data.x_train.astype(precision.compute)         # (samples, features)
     schedule = BatchSchedule(x_train.shape[0], cfg.batch_size, cfg.seed, cfg.shuffle)
-    x_batch = np.empty((rows_per_rank, data.num_features), dtype)   # this rank's rows of a step
-    y_batch = np.empty(rows_per_rank, np.int64)
-    mine = slice(comm.rank * rows_per_rank, (comm.rank + 1) * rows_per_rank)
-    metrics = np.zeros(2)                                    # (loss summed over steps, correct)
+    x_micro = np.empty((K, rows, data.num_features), precision.compute)   # this rank's rows, per micro-batch
+    y_micro = np.empty((K, rows), np.int64)
+    scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
+                        cfg.min_loss_scale)
+    progress = Progress(cfg, comm, out)
 
     comm.print0(f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks | MLP {'-'.join(map(str, sizes))} "
                 f"({engine.layout.num_params:,} parameters) | {cfg.dtype} | global batch {cfg.batch_size} "
-                f"({rows_per_rank}/rank) | {cfg.steps} steps | data {data.name}: {x_train.shape[0]} train"
+                f"= {comm.size} ranks x {K} micro-batches x {rows} rows | {cfg.steps} steps | data "
+                f"{data.name}: {x_train.shape[0]} train"
                 f"{'' if data.x_test is None else f', {data.x_test.shape[0]} held out'}", file=out)
-    start = last_log = time.perf_counter()
-    logged_step = 0
+    start = time.perf_counter()
     for step in range(cfg.steps):
-        rows = schedule.global_indices(step)[mine]
-        np.take(x_train, rows, axis=0, out=x_batch)
-        np.take(data.y_train, rows, axis=0, out=y_batch)
-        loss_part, correct = train_step(engine.zero, engine.mlp, x_batch, y_batch, cfg.batch_size)
-        metrics += (loss_part, correct)
+        # global batch -> K micro-batches -> this rank's rows of each
+        batch = schedule.global_indices(step).reshape(K, comm.size, rows)[:, comm.rank]
+        for k in range(K):
+            np.take(x_train, batch[k], axis=0, out=x_micro[k])
+            np.take(data.y_train, batch[k], axis=0, out=y_micro[k])
+        lr = learning_rate(step, cfg.steps, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr)
+        result = train_step(engine.zero, engine.mlp, zip(x_micro, y_micro), cfg.batch_size, lr,
+                            scaler.scale, cfg.clip_norm)
+        event = scaler.update(result.applied)
+        if event:
+            comm.print0(f"step {step + 1}: {event}", file=out)
+        if not result.applied and not scaler.enabled:
+            stop(engine, cfg, f"step {step + 1}: the loss ({result.loss:g}) or the gradient norm "
+                              f"({result.grad_norm:g}) is not finite; lower --lr or try --clip-norm")
+        if scaler.collapsed:
+            stop(engine, cfg, f"step {step + 1}: the fp16 loss scale fell to {scaler.scale:g}, below "
+                              f"--min-loss-scale {cfg.min_loss_scale:g}: gradients keep overflowing")
+        if result.applied:
+            progress.add(result)
         done = step + 1
-        if cfg.log_every and (done % cfg.log_every == 0 or done == cfg.steps):
-            comm.allreduce_sum(metrics, "metrics")           # (sum of global mean losses, correct)
-            now, steps_logged = time.perf_counter(), done - logged_step
-            comm.print0(f"step {done:>{len(str(cfg.steps))}}/{cfg.steps} | loss {metrics[0] / steps_logged:.4f}"
-                        f" | train acc {100 * metrics[1] / (steps_logged * cfg.batch_size):5.1f}%"
-                        f" | {1e3 * (now - last_log) / steps_logged:7.2f} ms/step", file=out)
-            metrics[:] = 0
-            last_log, logged_step = now, done
+        if cfg.log_every and progress.steps and (done % cfg.log_every == 0 or done == cfg.steps):
+            progress.print_line(done, lr, scaler)
     train_seconds = time.perf_counter() - start
     train_comm = {p: comm.ledger.totals({p}) for p in ("grads", "params")}
 
     if data.x_test is not None:
-        accuracy = held_out_accuracy(engine, data, dtype, rows_per_rank)
+        accuracy = held_out_accuracy(engine, data, precision.compute, rows)
         comm.print0(f"held-out accuracy {100 * accuracy:.2f}% on {data.x_test.shape[0]} samples"
                     f" | training took {train_seconds:.1f} s", file=out)
     if cfg.save_weights:
         comm.check_all(save_weights(engine, cfg.save_weights))
         comm.print0(f"saved weights to {cfg.save_weights}", file=out)
-    report = build_report(engine, train_comm, cfg.steps, cfg.stage)
+    report = build_report(engine, train_comm, cfg.steps, cfg.stage, K)
     if comm.rank == 0 and cfg.report == "table":
         print("\n" + format_table(report), flush=True)
     elif comm.rank == 0 and cfg.report == "json":
         print(format_json(report), flush=True)
+
+
+def stop(engine, cfg, message):
+    """Collective, every rank with the same message: save the last good weights (the failed step
+    changed nothing) where a save path is set, print the error once, exit with DIVERGED."""
+    if cfg.save_weights:
+        saved = save_weights(engine, cfg.save_weights)
+        message += "; " + (saved or f"the last good weights are in {cfg.save_weights}")
+    engine.comm.check_all(message, exit_code=DIVERGED)
 
 
 def held_out_accuracy(engine, data, dtype, rows_per_rank):

@@ -1,17 +1,34 @@
 """One training step, written out plainly: the whole algorithm on one screen.
 
-    for unit in units:            zero.before_forward  -> forward  -> zero.after_forward
-    loss, d_logits = softmax cross-entropy (divided by the GLOBAL batch size)
-    for unit in reversed(units):  zero.before_backward -> backward -> zero.after_backward
-    zero.step()
+    for each micro-batch (K of them, --grad-accum):
+        for unit in units:            zero.before_forward  -> forward  -> zero.after_forward
+        loss, d_logits = softmax cross-entropy (divided by the GLOBAL batch, times the loss scale)
+        for unit in reversed(units):  zero.before_backward -> backward -> zero.after_backward
+    zero.reduce_grads()                                   stages 0-1 (2-3 reduced during backward)
+    one all-reduce of (sum of squares of the owned gradients, loss, correct):
+        grad_norm = sqrt(sum over ranks) / loss scale     every element counted once, on its owner
+    if grad_norm or loss is not finite: skip the step     every rank sees the same sums: all agree
+    clip = min(1, max_norm / grad_norm)
+    zero.update(lr, clip / loss_scale); zero.gather_params()
 
-Each rank runs this on its own rows of the global batch; the stage object (zerompi/stages/)
+Each rank runs this on its own rows of each micro-batch; the stage object (zerompi/stages/)
 decides where parameters and gradients live and which collectives run inside the hooks. With one
-rank every stage's collectives are copies, and the step is plain single-process Adam.
+rank every stage's collectives are copies, and the step is plain single-process AdamW.
 """
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from .layers import softmax_cross_entropy
+
+
+@dataclass
+class StepResult:
+    loss: float          # mean loss over the global batch (all micro-batches, all ranks)
+    correct: int         # correct predictions over the global batch
+    grad_norm: float     # global L2 norm of the unscaled gradient, before clipping
+    applied: bool        # False: the gradient or the loss was not finite, nothing was updated
 
 
 def forward(zero, mlp, x):
@@ -24,18 +41,52 @@ def forward(zero, mlp, x):
     return h
 
 
-def train_step(zero, mlp, x, labels, global_batch):
-    """One step on this rank's rows x (n, sizes[0]), labels (n,) of a global batch.
-    Returns (this rank's part of the mean loss, this rank's correct predictions)."""
+def forward_backward(zero, mlp, x, labels, global_batch, loss_scale):
+    """One micro-batch on this rank's rows x (n, sizes[0]), labels (n,): gradients into the stage's
+    buffers. Returns (this rank's part of the mean loss, its correct predictions)."""
     logits = forward(zero, mlp, x)
-    loss_part, correct = softmax_cross_entropy(logits, labels, global_batch, dlogits=logits)
+    loss_part, correct = softmax_cross_entropy(logits, labels, global_batch, logits, loss_scale)
     d_h = logits                                   # now d_logits, in place
     for unit in reversed(mlp.units):
-        weight, bias, dweight, dbias = zero.before_backward(unit)
-        d_h = mlp.backward_unit(unit, d_h, weight, dweight, dbias)
+        weight, bias, dweight, dbias, accumulate = zero.before_backward(unit)
+        d_h = mlp.backward_unit(unit, d_h, weight, bias, dweight, dbias, accumulate)
         zero.after_backward(unit)
-    zero.step()
     return loss_part, correct
+
+
+def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_grad_norm=0.0):
+    """One optimizer step over micro_batches [(x, labels), ...] (this rank's rows of each)."""
+    loss_part = correct = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):   # an inf/NaN is detected below, not warned about
+        for k, (x, labels) in enumerate(micro_batches):
+            zero.start_micro_batch(first=k == 0)
+            micro_loss, micro_correct = forward_backward(zero, mlp, x, labels, global_batch, loss_scale)
+            loss_part += micro_loss
+            correct += micro_correct
+        zero.reduce_grads()
+        sums = np.array([sum_of_squares(zero.owned_grads(), mlp.grad_work), loss_part, correct])
+    zero.comm.allreduce_sum(sums, "metrics")
+    grad_norm = math.sqrt(sums[0]) / loss_scale
+    result = StepResult(float(sums[1]), int(sums[2]), grad_norm, applied=False)
+    if not (math.isfinite(grad_norm) and math.isfinite(result.loss)):
+        return result                              # skipped on every rank alike
+    clip = min(1.0, max_grad_norm / (grad_norm + 1e-6)) if max_grad_norm > 0 else 1.0
+    zero.update(lr, grad_multiplier=clip / loss_scale)
+    zero.gather_params()
+    result.applied = True
+    return result
+
+
+def sum_of_squares(arrays, scratch):
+    """sum of x^2 over the arrays, in the scratch's dtype (16-bit arrays are widened into it)."""
+    total = 0.0
+    for a in arrays:
+        if a.dtype != scratch.dtype:
+            widened = scratch[:a.size]
+            widened[...] = a
+            a = widened
+        total += float(np.dot(a, a))
+    return total
 
 
 def count_correct(zero, mlp, x, labels, batch_rows, num_chunks):

@@ -4,6 +4,7 @@ import numpy as np
 from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
 from zerompi.engine import build_engine
+from zerompi.precision import precision_for
 from zerompi.train_step import train_step
 
 GLOBAL_BATCH = 24          # divisible by every N tested: 1, 2, 3, 4, 8
@@ -17,22 +18,28 @@ def make_batches(sizes, steps, seed=1):
             for _ in range(steps)]
 
 
-def train_zero(stage, sizes, dtype, batches, comm=None, seed=0):
-    """Run the ZeRO engine on this rank's rows of each global batch; returns the engine."""
+def train_zero(stage, sizes, dtype, batches, comm=None, seed=0, micro_batches=1, loss_scale=1.0,
+               max_grad_norm=0.0):
+    """Run the ZeRO engine on this rank's rows of each global batch (cut into micro_batches, as
+    zerompi.train does); returns (engine, [StepResult, ...])."""
     comm = comm if comm is not None else Communicator()
-    rows = GLOBAL_BATCH // comm.size
-    engine = build_engine(sizes, stage, np.dtype(dtype), AdamConfig(lr=LR, weight_decay=WEIGHT_DECAY), rows, comm)
+    precision = precision_for(np.dtype(dtype).name)
+    rows = GLOBAL_BATCH // (comm.size * micro_batches)
+    engine = build_engine(sizes, stage, precision, AdamConfig(weight_decay=WEIGHT_DECAY), rows, comm)
     engine.init_params(seed)
-    mine = slice(comm.rank * rows, (comm.rank + 1) * rows)
+    results = []
     for x, labels in batches:
-        train_step(engine.zero, engine.mlp, x[mine].astype(dtype), labels[mine], GLOBAL_BATCH)
-    return engine
+        x = x.astype(precision.compute).reshape(micro_batches, comm.size, rows, -1)[:, comm.rank]
+        labels = labels.reshape(micro_batches, comm.size, rows)[:, comm.rank]
+        results.append(train_step(engine.zero, engine.mlp, list(zip(x, labels)), GLOBAL_BATCH, LR,
+                                  loss_scale, max_grad_norm))
+    return engine, results
 
 
 def consolidated(engine):
-    """[(weight, bias), ...] full copies (collective in stage 3)."""
+    """[(weight, bias), ...] full copies in float64 (collective in stage 3)."""
     layers = []
     for unit in engine.layout.units:
         weight, bias = unit.views(engine.zero.full_unit_params(unit))
-        layers.append((weight.copy(), bias.copy()))
+        layers.append((weight.astype(np.float64), bias.astype(np.float64)))
     return layers

@@ -1,5 +1,6 @@
 """The central property: ZeRO computes what single-process AdamW computes on the same global batch,
-for every stage and every N (run under mpirun with N = 1, 2, 3, 4, 8), uneven sizes included.
+for every stage and every N (run under mpirun with N = 1, 2, 3, 4, 8), uneven sizes included;
+and so do gradient accumulation, clipping by the global norm, and mixed precision.
 
 Tolerances:
   float64: 1e-12 relative to the largest element of each tensor. The only difference from the
@@ -10,13 +11,21 @@ Tolerances:
     each step moves a parameter by at most ~lr * (few 1e-7) more or less than the reference; over
     3 steps with lr = 1e-2 that is ~1e-8. We allow 2e-6 absolute (parameters are O(0.1-1)),
     which a real bug (a missed or doubled shard, a wrong scale) exceeds by orders of magnitude.
+  bf16 / fp16 (fp32 master, m, v): ZeRO rounds each rank's partial gradient to 16 bits before the
+    fp32 sum, the reference rounds the whole batch's gradient once: ~2^-8 (bf16) or ~2^-11 (fp16)
+    relative per gradient element, which Adam's normalized update turns into ~lr * 2^-8 per step,
+    plus at most one 16-bit ulp where the final rounding of the master falls the other way. So
+    the mean |difference| must stay below lr / 20 (measured: ~lr / 120 for bf16, lr / 5000 for
+    fp16; one unupdated shard at N = 8 would give ~lr / 3), and no element may differ by more than
+    2 lr per step: an element whose gradient is ~0 may flip the sign of its update, never more.
 """
+import ml_dtypes
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from helpers import LR, WEIGHT_DECAY, consolidated, make_batches, train_zero
-from reference import adamw_train, initial_weights
+from helpers import GLOBAL_BATCH, LR, WEIGHT_DECAY, consolidated, make_batches, train_zero
+from reference import adamw_train, global_norm, initial_weights, loss_and_grads
 
 SIZES = [
     [13, 37, 53, 7],       # odd widths: no unit divides evenly by 2, 3, 4 or 8
@@ -24,46 +33,140 @@ SIZES = [
     [64, 32, 10],          # even widths
 ]
 STEPS = 3
+STAGES = [0, 1, 2, 3]
+BF16 = ml_dtypes.bfloat16
+size_id = lambda s: "-".join(map(str, s))    # noqa: E731
 
 
-def reference(sizes, dtype, batches):
-    batches = [(x.astype(dtype), labels) for x, labels in batches]
-    layers, _ = adamw_train(initial_weights(sizes, 0, dtype), batches, LR, WEIGHT_DECAY)
-    return layers
+def reference(sizes, dtype, batches, **kwargs):
+    storage = dtype if np.dtype(dtype).itemsize == 2 else None
+    initial = initial_weights(sizes, 0, np.float64 if storage else dtype)
+    layers, _, norms = adamw_train(initial, batches, LR, WEIGHT_DECAY, storage=storage, **kwargs)
+    return [(w.astype(np.float64), b.astype(np.float64)) for w, b in layers], norms
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_float64_equals_single_process_adamw(stage, sizes):
-    batches = make_batches(sizes, STEPS)
-    got = consolidated(train_zero(stage, sizes, np.float64, batches))
-    want = reference(sizes, np.float64, batches)
+def assert_close_f64(got, want):
     for (w, b), (w_ref, b_ref) in zip(got, want):
         for tensor, tensor_ref in ((w, w_ref), (b, b_ref)):
             assert np.max(np.abs(tensor - tensor_ref)) <= 1e-12 * np.max(np.abs(tensor_ref))
+
+
+def micro_batches_for(num_ranks):
+    """3 micro-batches where the global batch of 24 allows it (N = 1, 2, 4, 8), else 2 (N = 3)."""
+    return 3 if GLOBAL_BATCH % (3 * num_ranks) == 0 else 2
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sizes", SIZES, ids=size_id)
+@pytest.mark.parametrize("stage", STAGES)
+def test_float64_equals_single_process_adamw(stage, sizes):
+    batches = make_batches(sizes, STEPS)
+    got = consolidated(train_zero(stage, sizes, np.float64, batches)[0])
+    want, _ = reference(sizes, np.float64, batches)
+    assert_close_f64(got, want)
     initial = initial_weights(sizes, 0, np.float64)
     assert not np.allclose(got[0][0], initial[0][0])          # training did move the weights
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "-".join(map(str, s)))
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("sizes", SIZES, ids=size_id)
+@pytest.mark.parametrize("stage", STAGES)
 def test_float32_equals_single_process_adamw(stage, sizes):
     batches = make_batches(sizes, STEPS)
-    got = consolidated(train_zero(stage, sizes, np.float32, batches))
-    want = reference(sizes, np.float32, batches)
+    got = consolidated(train_zero(stage, sizes, np.float32, batches)[0])
+    want, _ = reference(sizes, np.float32, batches)
     for (w, b), (w_ref, b_ref) in zip(got, want):
-        assert w.dtype == np.float32
         np.testing.assert_allclose(w, w_ref, rtol=0, atol=2e-6)
         np.testing.assert_allclose(b, b_ref, rtol=0, atol=2e-6)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("sizes", SIZES[:2], ids=size_id)
+@pytest.mark.parametrize("stage", STAGES)
+def test_mixed_precision_equals_single_process_mixed_adamw(stage, sizes, dtype):
+    batches = make_batches(sizes, STEPS)
+    loss_scale = 1024.0 if dtype == np.float16 else 1.0       # a power of two: exact to unscale
+    engine, results = train_zero(stage, sizes, dtype, batches, loss_scale=loss_scale)
+    assert all(r.applied for r in results)
+    assert engine.zero.param_shard.dtype == dtype if stage == 3 else engine.zero.param_full.dtype == dtype
+    got = consolidated(engine)
+    want, _ = reference(sizes, dtype, batches)
+    diffs = np.concatenate([np.abs(g - w).ravel() for got_layer, want_layer in zip(got, want)
+                            for g, w in zip(got_layer, want_layer)])
+    assert diffs.mean() <= LR / 20
+    assert diffs.max() <= 2 * LR * STEPS
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", STAGES)
+def test_gradient_accumulation_equals_one_large_batch(stage):
+    sizes = SIZES[0]
+    batches = make_batches(sizes, STEPS)
+    k = micro_batches_for(MPI.COMM_WORLD.Get_size())
+    got = consolidated(train_zero(stage, sizes, np.float64, batches, micro_batches=k)[0])
+    want, _ = reference(sizes, np.float64, batches)
+    assert_close_f64(got, want)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", STAGES)
+def test_accumulation_keeps_no_full_gradient_in_stages_2_and_3(stage):
+    """With micro-batches, stages 2-3 still hold only the gradient shard (and one unit's bucket)."""
+    sizes = SIZES[0]
+    k = micro_batches_for(MPI.COMM_WORLD.Get_size())
+    engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, 1), micro_batches=k)
+    grads = [shape for kind, _, shape, _, _ in engine.memory.buffers if kind == "grads"]
+    expected = engine.layout.full_numel if stage <= 1 else engine.layout.shard_numel
+    assert grads == [(expected,)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sizes", SIZES[:2], ids=size_id)
+@pytest.mark.parametrize("stage", STAGES)
+def test_global_grad_norm_equals_unsharded_norm(stage, sizes):
+    """No replicated (stage 0) or padded element is counted twice, none is missed."""
+    batches = make_batches(sizes, 1)
+    _, results = train_zero(stage, sizes, np.float64, batches)
+    x, labels = batches[0]
+    _, grads = loss_and_grads(initial_weights(sizes, 0, np.float64), x, labels)
+    assert results[0].grad_norm == pytest.approx(global_norm(grads), rel=1e-12)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", STAGES)
+def test_clipping_by_global_norm_equals_single_process(stage):
+    sizes = SIZES[0]
+    batches = make_batches(sizes, STEPS)
+    _, norms = reference(sizes, np.float64, batches)
+    clip_norm = 0.3 * min(norms)                               # every step is clipped
+    got = consolidated(train_zero(stage, sizes, np.float64, batches, max_grad_norm=clip_norm)[0])
+    want, _ = reference(sizes, np.float64, batches, clip_norm=clip_norm)
+    assert_close_f64(got, want)
+    unclipped, _ = reference(sizes, np.float64, batches)
+    assert not np.allclose(want[0][0], unclipped[0][0])       # clipping did change the result
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", STAGES)
+def test_fp16_overflow_skips_the_step_on_every_rank(stage):
+    """A loss scale so large that fp16 gradients overflow: every rank skips, nothing changes."""
+    sizes = SIZES[0]
+    engine, results = train_zero(stage, sizes, np.float16, make_batches(sizes, 1), loss_scale=2.0 ** 40)
+    assert not results[0].applied
+    assert engine.zero.adam.t == 0                             # Adam's step count did not advance
+    for (w, b), (w0, b0) in zip(consolidated(engine), initial_weights(sizes, 0, np.float16)):
+        assert np.array_equal(w, w0.astype(np.float64)) and np.array_equal(b, b0.astype(np.float64))
+    flags = np.array([results[0].applied], dtype=np.int64)
+    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, flags)
+    assert flags[0] == 0                                       # no rank disagreed
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", STAGES)
 def test_every_rank_ends_with_the_same_model(stage):
     sizes = SIZES[0]
-    got = consolidated(train_zero(stage, sizes, np.float64, make_batches(sizes, STEPS)))
+    got = consolidated(train_zero(stage, sizes, np.float64, make_batches(sizes, STEPS))[0])
     flat = np.concatenate([t.ravel() for layer in got for t in layer])
     first = flat.copy()
     MPI.COMM_WORLD.Bcast(first, root=0)
@@ -71,12 +174,13 @@ def test_every_rank_ends_with_the_same_model(stage):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_deterministic_run_after_run(stage):
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["float32", "bf16"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_deterministic_run_after_run(stage, dtype):
     sizes = SIZES[0]
     batches = make_batches(sizes, STEPS)
-    first = consolidated(train_zero(stage, sizes, np.float32, batches))
-    second = consolidated(train_zero(stage, sizes, np.float32, batches))
+    first = consolidated(train_zero(stage, sizes, dtype, batches)[0])
+    second = consolidated(train_zero(stage, sizes, dtype, batches)[0])
     for (w1, b1), (w2, b2) in zip(first, second):
         assert np.array_equal(w1, w2) and np.array_equal(b1, b2)
 
@@ -86,7 +190,7 @@ def test_padding_stays_zero():
     """Padding elements of every unit remain exactly zero after training (stages 0-2 hold them)."""
     sizes = SIZES[0]
     for stage in (0, 1, 2):
-        engine = train_zero(stage, sizes, np.float64, make_batches(sizes, STEPS))
+        engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, STEPS))
         for unit in engine.layout.units:
             full = engine.zero.param_full[engine.layout.full_slice(unit)]
             assert np.all(full[unit.numel:] == 0)

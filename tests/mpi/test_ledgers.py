@@ -49,7 +49,7 @@ class CountingComm:
 
 def run(stage, dtype=np.float64):
     proxy = CountingComm(MPI.COMM_WORLD)
-    engine = train_zero(stage, SIZES, dtype, make_batches(SIZES, STEPS), comm=Communicator(proxy))
+    engine, _ = train_zero(stage, SIZES, dtype, make_batches(SIZES, STEPS), comm=Communicator(proxy))
     return engine, proxy
 
 
@@ -61,18 +61,22 @@ def test_comm_ledger_matches_mpi_calls_and_formula(stage):
     units = len(layout.units)
     ring = (n - 1) / n
     # 1. the ledger agrees with what MPI was handed
-    expected_calls = {0: {"Allreduce": 1},
-                      1: {"Reduce_scatter_block": units, "Allgather": units},
-                      2: {"Reduce_scatter_block": units, "Allgather": units},
-                      3: {"Reduce_scatter_block": units, "Allgather": 2 * units}}[stage]
+    # per step: the stage's collectives, plus one all-reduce of (norm^2, loss, correct)
+    expected_calls = {0: {"Allreduce": units + 1},
+                      1: {"Reduce_scatter_block": units, "Allgather": units, "Allreduce": 1},
+                      2: {"Reduce_scatter_block": units, "Allgather": units, "Allreduce": 1},
+                      3: {"Reduce_scatter_block": units, "Allgather": 2 * units, "Allreduce": 1}}[stage]
     for name in proxy.calls:
         assert proxy.calls[name] == STEPS * expected_calls.get(name, 0), name
     counted = (2 * proxy.elements["Allreduce"] + proxy.elements["Reduce_scatter_block"]
                + proxy.elements["Allgather"]) * ring
-    calls, _, elements, seconds = ledger.totals({"grads", "params"})
+    calls, _, all_elements, seconds = ledger.totals({"grads", "params", "metrics"})
     assert calls == sum(proxy.calls.values())
-    assert elements == pytest.approx(counted, rel=1e-12, abs=1e-9)
+    assert all_elements == pytest.approx(counted, rel=1e-12, abs=1e-9)
     assert seconds >= 0
+    metric_calls, _, metric_elements, _ = ledger.totals({"metrics"})
+    assert metric_calls == STEPS and metric_elements == pytest.approx(STEPS * 2 * 3 * ring)
+    _, _, elements, _ = ledger.totals({"grads", "params"})
     # 2. per step, exactly the formula at Psi_pad, and within padding of the formula at Psi
     per_step = elements / STEPS
     assert per_step == pytest.approx(comm_elements_per_step(stage, layout.full_numel, n), rel=1e-12, abs=1e-9)

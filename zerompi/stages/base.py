@@ -1,16 +1,26 @@
-"""What every stage shares: the hooks of the training step and the replicated parameters.
+"""What every stage shares: the hooks of the training step, and the optimizer step built on them.
 
-The training step (zerompi/train_step.py) calls, for each unit (one linear layer):
+The training step (zerompi/train_step.py) calls, per micro-batch and per unit (one linear layer):
 
-    weight, bias = zero.before_forward(unit)                     ...forward...   zero.after_forward(unit)
-    weight, bias, dweight, dbias = zero.before_backward(unit)    ...backward...  zero.after_backward(unit)
+    zero.start_micro_batch(first)
+    weight, bias = zero.before_forward(unit)          ...forward...    zero.after_forward(unit)
+    weight, bias, dweight, dbias, accumulate = zero.before_backward(unit)
+                                                      ...backward...   zero.after_backward(unit)
 
-and then zero.step() once. A stage decides where those arrays live and which collectives run when.
+and then, once per optimizer step:
+
+    zero.reduce_grads()         finish the gradient reduction (stages 0-1; stages 2-3 did it in backward)
+    zero.owned_grads()          the reduced gradient this rank owns (for the global norm)
+    zero.update(lr, multiplier) Adam on what this rank owns
+    zero.gather_params()        bring every rank's updated parameters to all ranks (stages 1-2)
+
+A stage decides where those arrays live and which collectives run when. The heart of each stage
+is `owned(unit)`: which part of a unit this rank updates, and where its gradient and Adam state are.
 
 Each stage is a small step from the one before and is written as one: Stage1 extends Stage0,
-Stage2 extends Stage1, Stage3 extends Stage2, each overriding only the hooks that change. Every
-stage's constructor lists all the buffers that stage holds (so it calls ZeroStage.__init__,
-not its parent's constructor, which would allocate the parent's buffers).
+Stage2 extends Stage1, Stage3 extends Stage2, each overriding only what changes. Every stage's
+constructor lists all the buffers that stage holds (so it calls ZeroStage.__init__, not its
+parent's constructor, which would allocate the parent's buffers).
 
 Stages 0, 1 and 2 keep the full parameters on every rank, in one flat buffer `param_full`
 (Psi_pad elements, see zerompi/layout.py); the methods below serve them. Stage 3 keeps only its
@@ -21,20 +31,38 @@ shard and overrides them.
 class ZeroStage:
     stage = None
 
-    def __init__(self, layout, comm, memory, dtype, adam_config):
+    def __init__(self, layout, comm, memory, precision, adam_config):
         self.layout = layout          # where every unit lives in the flat buffers
         self.comm = comm              # the ledgered communicator
         self.memory = memory          # the memory ledger every buffer is allocated from
-        self.dtype = dtype
+        self.precision = precision    # storage dtype of params and grads, compute dtype
+        self.dtype = precision.storage
         self.adam_config = adam_config
+        self.first_micro_batch = True
+        comm.reserve_staging(memory, layout.max_unit_padded, precision.compute)
+
+    # ---- parameters (replicated in stages 0-2)
+    def store_unit_params(self, unit, values):
+        """Write the unit's real elements, values (numel,), the same on every rank."""
+        self.param_full[unit.full_offset:unit.full_offset + unit.numel] = values
 
     def set_unit_params(self, unit, values):
-        """Load the unit's real elements, values (numel,), the same on every rank."""
-        self.param_full[unit.full_offset:unit.full_offset + unit.numel] = values
+        """Initial or loaded parameters, values (numel,) float64, the same on every rank; in mixed
+        precision the fp32 master copy of the owned part too."""
+        self.store_unit_params(unit, values)
+        if self.adam.master is not None:
+            _, _, state, (lo, hi) = self.owned(unit)
+            owned_values = values[lo:hi]               # shorter than the shard where it reaches padding
+            self.adam.master[state][:owned_values.size] = owned_values
 
     def full_unit_params(self, unit):
         """The unit's full flat parameters (padded,). Collective in stage 3: call on every rank."""
         return self.param_full[self.layout.full_slice(unit)]
+
+    # ---- the hooks of forward and backward
+    def start_micro_batch(self, first):
+        """first: the step's first micro-batch overwrites gradients, later ones add to them."""
+        self.first_micro_batch = first
 
     def before_forward(self, unit):
         return unit.views(self.param_full[self.layout.full_slice(unit)])
@@ -44,3 +72,19 @@ class ZeroStage:
 
     def after_backward(self, unit):
         """Nothing to communicate by default."""
+
+    # ---- the optimizer step
+    def reduce_grads(self):
+        """Nothing left to reduce by default."""
+
+    def owned_grads(self):
+        return [self.owned(unit)[1] for unit in self.layout.units]
+
+    def update(self, lr, grad_multiplier):
+        self.adam.begin_step()
+        for unit in self.layout.units:
+            param, grad, state, _ = self.owned(unit)
+            self.adam.update(param, grad, state, lr, grad_multiplier)
+
+    def gather_params(self):
+        """Nothing to gather by default."""

@@ -1,14 +1,14 @@
 """Stage 0: plain data parallelism, the baseline ZeRO improves on.
 
-Every rank holds everything; after backward one all-reduce sums the gradients.
+Every rank holds everything; after backward an all-reduce per unit sums the gradients.
 
     per rank:  params  [################]  Psi
                grads   [################]  Psi
-               Adam m  [################]  Psi
-               Adam v  [################]  Psi
+               Adam    [################]  Psi each for m, v (and the fp32 master in mixed precision)
 
     timeline:  forward (all units) -> backward (all units, grads into grad_full)
-               -> all-reduce grad_full (sum over ranks) -> Adam on everything, on every rank
+               -> all-reduce grad_full, unit by unit (sum over ranks)
+               -> Adam on everything, on every rank
 
 The loss gradient is already divided by the global batch (zerompi/layers.py), so the summed
 gradient is the global mean gradient. Every rank then performs the same Adam update on the same
@@ -22,18 +22,28 @@ from .base import ZeroStage
 class Stage0(ZeroStage):
     stage = 0
 
-    def __init__(self, layout, comm, memory, dtype, adam_config):
-        super().__init__(layout, comm, memory, dtype, adam_config)
+    def __init__(self, layout, comm, memory, precision, adam_config):
+        super().__init__(layout, comm, memory, precision, adam_config)
+        dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
-        self.adam = AdamW(layout.full_numel, dtype, adam_config, memory)   # m, v for everything
+        self.adam = AdamW(layout.full_numel, precision, adam_config, memory)   # state for everything
+
+    def owned(self, unit):
+        """Stage 0 'owns' all of every unit: (param, grad, Adam state slice, (lo, hi) in the unit)."""
+        full = self.layout.full_slice(unit)
+        return self.param_full[full], self.grad_full[full], full, (0, unit.padded)
+
+    def owned_grads(self):
+        """For the global gradient norm, each rank counts only its owned range of each unit: every
+        rank holds all of them, and the all-reduce of the sums must count each element once."""
+        return [self.grad_full[self.layout.owned_slice(unit, self.comm.rank)] for unit in self.layout.units]
 
     def before_backward(self, unit):
         weight, bias = self.before_forward(unit)
         dweight, dbias = unit.views(self.grad_full[self.layout.full_slice(unit)])
-        return weight, bias, dweight, dbias
+        return weight, bias, dweight, dbias, not self.first_micro_batch   # accumulate after the first
 
-    def step(self):
-        self.comm.allreduce_sum(self.grad_full, "grads")        # g = sum_r g_r
-        self.adam.begin_step()
-        self.adam.update(self.param_full, self.grad_full, slice(None))
+    def reduce_grads(self):
+        for unit in self.layout.units:                   # g = sum_r g_r
+            self.comm.allreduce_sum(self.grad_full[self.layout.full_slice(unit)], "grads")

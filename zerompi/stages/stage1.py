@@ -1,16 +1,15 @@
-"""Stage 1: shard the optimizer state (Adam's m and v).
+"""Stage 1: shard the optimizer state (Adam's m and v, and the fp32 master copy).
 
-Rank r keeps m and v only for its owned range of each unit, so it can update only those
-parameters. It therefore needs only the reduced gradient of that range (reduce-scatter, not
+Rank r keeps the optimizer state only for its owned range of each unit, so it can update only
+those parameters. It therefore needs only the reduced gradient of that range (reduce-scatter, not
 all-reduce), and afterwards every rank's updated range must be sent to every other (all-gather).
 
     per rank (N = 4, rank 1):
                params  [################]  Psi        (full: forward and backward need it)
                grads   [################]  Psi        (full: backward writes all of it)
-               Adam m  [    ####        ]  Psi / N    (owned range of each unit)
-               Adam v  [    ####        ]  Psi / N
+               Adam    [    ####        ]  Psi / N    (owned range of each unit)
 
-    timeline:  forward -> backward (all grads into grad_full)
+    timeline:  forward -> backward (all grads into grad_full; micro-batches add up in it)
                -> per unit: reduce-scatter grad_full (in place: the owned, summed block lands at
                   the front of the unit's grad buffer, which backward will overwrite next step)
                -> Adam on the owned ranges
@@ -29,23 +28,32 @@ from .stage0 import Stage0
 
 
 class Stage1(Stage0):
-    """Stage 0 with Adam's state for the owned ranges only: a new constructor and step."""
+    """Stage 0 with the optimizer state for the owned ranges only."""
 
     stage = 1
 
-    def __init__(self, layout, comm, memory, dtype, adam_config):
-        ZeroStage.__init__(self, layout, comm, memory, dtype, adam_config)
+    def __init__(self, layout, comm, memory, precision, adam_config):
+        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config)
+        dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
-        self.adam = AdamW(layout.shard_numel, dtype, adam_config, memory)  # m, v: owned ranges only
+        self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)  # owned ranges only
 
-    def step(self):
-        layout, rank = self.layout, self.comm.rank
-        grad_shards = [self.comm.reduce_scatter_sum_in_place(self.grad_full[layout.full_slice(u)], "grads")
-                       for u in layout.units]                     # g[owned] = sum_r g_r[owned]
-        self.adam.begin_step()
-        for unit, grad_shard in zip(layout.units, grad_shards):
-            self.adam.update(self.param_full[layout.owned_slice(unit, rank)], grad_shard,
-                             layout.shard_slice(unit))
-        for unit in layout.units:                                  # p = concat_r p[owned by r]
-            self.comm.allgather_in_place(self.param_full[layout.full_slice(unit)], "params")
+    def owned(self, unit):
+        """This rank's range of the unit: its params, reduced grads, Adam state, (lo, hi)."""
+        rank = self.comm.rank
+        grad_shard = self.grad_full[self.layout.full_slice(unit)][:unit.shard_size]  # after reduce_grads
+        return (self.param_full[self.layout.owned_slice(unit, rank)], grad_shard,
+                self.layout.shard_slice(unit), unit.owned_range(rank))
+
+    # The owned ranges partition the model again (stage 0's every-rank-owns-all did not), so
+    # the global gradient norm can sum the owned gradients as they are: the base class's way.
+    owned_grads = ZeroStage.owned_grads
+
+    def reduce_grads(self):
+        for unit in self.layout.units:                   # g[owned] = sum_r g_r[owned]
+            self.comm.reduce_scatter_sum_in_place(self.grad_full[self.layout.full_slice(unit)], "grads")
+
+    def gather_params(self):
+        for unit in self.layout.units:                   # p = concat_r p[owned by r]
+            self.comm.allgather_in_place(self.param_full[self.layout.full_slice(unit)], "params")

@@ -9,14 +9,14 @@ the next unit right after.
     per rank (N = 4, rank 1):
                params        [####]   Psi / N    (param_shard)
                grads         [####]   Psi / N    (grad_shard)
-               Adam m, v     [####]   Psi / N each
+               Adam          [####]   Psi / N
                param_gather  [#####]  one unit, reused (work memory)
                grad_bucket   [#####]  one unit, reused (work memory)
 
     timeline:  forward, per unit u:  all-gather param_shard[u] -> param_gather; forward u
                backward, last unit first:  all-gather again; backward u into grad_bucket;
                                            reduce-scatter grad_bucket -> grad_shard[u]
-               step: Adam on param_shard with grad_shard, one call (all owned ranges are contiguous)
+               step: Adam on param_shard with grad_shard
                (no all-gather after the step: the next forward gathers what it needs)
 
 Communication per rank: two all-gathers and one reduce-scatter of Psi = 3 Psi (N-1)/N, 1.5x the
@@ -33,19 +33,23 @@ class Stage3(Stage2):
 
     stage = 3
 
-    def __init__(self, layout, comm, memory, dtype, adam_config):
-        ZeroStage.__init__(self, layout, comm, memory, dtype, adam_config)   # no param_full
+    def __init__(self, layout, comm, memory, precision, adam_config):
+        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config)   # no param_full
+        dtype = precision.storage
         self.param_shard = memory.alloc("params", "param_shard", (layout.shard_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
         self.param_gather = memory.alloc("work", "param_gather", (layout.max_unit_padded,), dtype)
         self.grad_bucket = memory.alloc("work", "grad_bucket", (layout.max_unit_padded,), dtype)
-        self.adam = AdamW(layout.shard_numel, dtype, adam_config, memory)
+        self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)
 
-    def set_unit_params(self, unit, values):
+    def owned(self, unit):
+        rank, shard = self.comm.rank, self.layout.shard_slice(unit)
+        return self.param_shard[shard], self.grad_shard[shard], shard, unit.owned_range(rank)
+
+    def store_unit_params(self, unit, values):
         lo, hi = unit.owned_range(self.comm.rank)
         owned_values = values[lo:hi]                 # shorter than the shard where it reaches padding
-        shard = self.param_shard[self.layout.shard_slice(unit)]
-        shard[:owned_values.size] = owned_values
+        self.param_shard[self.layout.shard_slice(unit)][:owned_values.size] = owned_values
 
     def full_unit_params(self, unit, purpose="io"):
         full = self.param_gather[:unit.padded]
@@ -55,6 +59,5 @@ class Stage3(Stage2):
     def before_forward(self, unit):
         return unit.views(self.full_unit_params(unit, "params"))
 
-    def step(self):
-        self.adam.begin_step()
-        self.adam.update(self.param_shard, self.grad_shard, slice(None))
+    def gather_params(self):
+        """Nothing: the next forward gathers each unit when it needs it."""

@@ -1,0 +1,43 @@
+"""fp16 dynamic loss scaling (the scheme of Micikevicius et al. 2018 and torch's GradScaler).
+
+float16 stops at 65504 and flushes magnitudes below ~6e-8 to zero; many gradients are far
+smaller than 1. So the loss (and with it every gradient) is multiplied by a scale S before
+backward, and Adam divides S back out (zerompi/adam.py's grad_multiplier).
+
+    a step whose gradient has an inf or NaN on ANY rank:  skip it (no update, Adam's t unchanged),
+                                                          S = S / 2
+    `growth_interval` good steps in a row:                S = S * 2
+    S below `min_scale`:                                  the run stops with an error
+
+All ranks decide from the same all-reduced gradient norm (zerompi/train_step.py), so they agree
+without any further communication. bf16 has float32's exponent range and needs none of this:
+its scale stays 1, as in float32 and float64.
+"""
+
+
+class LossScaler:
+    def __init__(self, enabled, initial_scale=2.0 ** 16, growth_interval=200, min_scale=1.0):
+        self.enabled = enabled
+        self.scale = initial_scale if enabled else 1.0
+        self.growth_interval = growth_interval
+        self.min_scale = min_scale
+        self.good_steps = 0
+
+    def update(self, applied):
+        """After each step: returns a line describing a change of scale, or None."""
+        if not self.enabled:
+            return None
+        if not applied:
+            self.good_steps = 0
+            self.scale /= 2.0
+            return f"gradient overflow: step skipped, loss scale lowered to {self.scale:g}"
+        self.good_steps += 1
+        if self.good_steps == self.growth_interval:
+            self.good_steps = 0
+            self.scale *= 2.0
+            return f"{self.growth_interval} good steps: loss scale raised to {self.scale:g}"
+        return None
+
+    @property
+    def collapsed(self):
+        return self.enabled and self.scale < self.min_scale
