@@ -1,11 +1,42 @@
 """zerompi.adam.AdamW (chunked, in place, on flat buffers) against a textbook AdamW written here."""
+from dataclasses import dataclass
+
+import ml_dtypes
 import numpy as np
 import pytest
 
 from zerompi.adam import CHUNK, AdamConfig, AdamW
 from zerompi.ledger import MemoryLedger
+from zerompi.precision import precision_for
 
-CONFIG = AdamConfig(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
+
+@dataclass(frozen=True)
+class Hyper:
+    """AdamConfig plus the learning rate, which zerompi passes to every update (schedules)."""
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def adam_config(self):
+        return AdamConfig(self.beta1, self.beta2, self.eps, self.weight_decay)
+
+
+class Opt:
+    """zerompi's AdamW at a fixed learning rate, as the textbook version has it."""
+
+    def __init__(self, numel, dtype, hyper, ledger):
+        self.inner = AdamW(numel, precision_for(np.dtype(dtype).name), hyper.adam_config(), ledger)
+        self.lr = hyper.lr
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def update(self, param, grad, state_slice, grad_multiplier=1.0):
+        self.inner.update(param, grad, state_slice, self.lr, grad_multiplier)
+
+CONFIG = Hyper(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1)
 STEPS = 4
 
 
@@ -35,7 +66,7 @@ def problem(numel, dtype, seed=0, steps=STEPS):
 
 def run_zerompi(p0, grads, config, numel=None):
     ledger = MemoryLedger()
-    opt = AdamW(p0.size if numel is None else numel, p0.dtype, config, ledger)
+    opt = Opt(p0.size if numel is None else numel, p0.dtype, config, ledger)
     p = p0.copy()
     for g in grads:
         g = g.copy()
@@ -72,11 +103,11 @@ def test_bias_correction_and_weight_decay_matter():
     correction or without weight decay would give, by far more than the tolerances above."""
     p0, grads = problem(50, np.float64, seed=3)
     p, _, _ = run_zerompi(p0, grads, CONFIG)
-    no_decay, _, _ = textbook_adamw(p0, grads, AdamConfig(CONFIG.lr, CONFIG.beta1, CONFIG.beta2, CONFIG.eps, 0.0))
+    no_decay, _, _ = textbook_adamw(p0, grads, Hyper(CONFIG.lr, CONFIG.beta1, CONFIG.beta2, CONFIG.eps, 0.0))
     assert np.max(np.abs(p - no_decay)) > 1e-4
     # without bias correction the first step would be ~ (1 - beta1) / sqrt(1 - beta2) ~ 3.16 x smaller
     q = p0.copy()
-    opt = AdamW(50, np.float64, AdamConfig(lr=1e-2), MemoryLedger())
+    opt = Opt(50, np.float64, Hyper(lr=1e-2), MemoryLedger())
     opt.begin_step()
     opt.update(q, grads[0].copy(), slice(None))
     np.testing.assert_allclose(np.abs(q - p0), 1e-2 * np.abs(grads[0]) / (np.abs(grads[0]) + 1e-8), rtol=1e-9)
@@ -85,18 +116,19 @@ def test_bias_correction_and_weight_decay_matter():
 def test_memory_is_ledgered():
     for numel, dtype in ((10, np.float64), (CHUNK, np.float32), (2 * CHUNK + 5, np.float64)):
         ledger = MemoryLedger()
-        opt = AdamW(numel, dtype, CONFIG, ledger)
+        opt = Opt(numel, dtype, CONFIG, ledger)
         size = np.dtype(dtype).itemsize
         assert opt.m.shape == opt.v.shape == (numel,)
         assert opt.m.dtype == opt.v.dtype == opt.scratch.dtype == np.dtype(dtype)
         assert not np.shares_memory(opt.m, opt.v)
         assert np.all(opt.m == 0) and np.all(opt.v == 0)
         assert ledger.bytes_by_kind["optimizer"] == 2 * numel * size
-        assert ledger.bytes_by_kind["work"] == min(numel, CHUNK) * size
+        assert ledger.bytes_by_kind["work"] == 2 * min(numel, CHUNK) * size   # update and gradient scratch
         assert ledger.bytes_by_kind["params"] == ledger.bytes_by_kind["grads"] == 0
         assert ledger.bytes_by_kind["activations"] == 0
         assert sorted((kind, name) for kind, name, *_ in ledger.buffers) == [
-            ("optimizer", "adam.m"), ("optimizer", "adam.v"), ("work", "adam.scratch")]
+            ("optimizer", "adam.m"), ("optimizer", "adam.v"), ("work", "adam.grad_scratch"),
+            ("work", "adam.scratch")]
         assert opt.scratch.size == min(numel, CHUNK)     # one chunk, not the whole buffer
 
 
@@ -108,7 +140,7 @@ def test_chunk_loop_sees_every_chunk():
     g[-3:] = [1.0, -2.0, 0.5]
     g[CHUNK - 1] = 4.0                           # the last element of the first chunk
     g[CHUNK] = -4.0                              # the first element of the second chunk
-    p, opt, _ = run_zerompi(p0, [g], AdamConfig(lr=0.1))
+    p, opt, _ = run_zerompi(p0, [g], Hyper(lr=0.1))
     moved = np.flatnonzero(p != 1.0)
     np.testing.assert_array_equal(moved, [CHUNK - 1, CHUNK, numel - 3, numel - 2, numel - 1])
     np.testing.assert_allclose(p[moved], 1.0 - 0.1 * np.sign(g[moved]), rtol=1e-7)
@@ -121,7 +153,7 @@ def test_state_slices_split_equals_whole(numel, split):
     p0, grads = problem(numel, np.float64, seed=split)
     whole, opt_whole, _ = run_zerompi(p0, grads, CONFIG)
 
-    opt = AdamW(numel, np.float64, CONFIG, MemoryLedger())
+    opt = Opt(numel, np.float64, CONFIG, MemoryLedger())
     p = p0.copy()
     for g in grads:
         g = g.copy()
@@ -136,7 +168,7 @@ def test_state_slices_split_equals_whole(numel, split):
 def test_state_slice_selects_the_state():
     """Updating one range touches only that range's m and v; the rest stays zero."""
     numel = 20
-    opt = AdamW(numel, np.float64, CONFIG, MemoryLedger())
+    opt = Opt(numel, np.float64, CONFIG, MemoryLedger())
     p = np.ones(5)
     g = np.arange(1.0, 6.0)
     opt.begin_step()
@@ -154,12 +186,12 @@ def test_first_step_is_lr_times_sign():
     g = rng.choice([-1.0, 1.0], 1000) * 10.0 ** rng.uniform(-3, 3, 1000)   # |g| in [1e-3, 1e3]
     lr = 1e-3
     p0 = rng.standard_normal(1000)
-    p, _, _ = run_zerompi(p0, [g], AdamConfig(lr=lr, weight_decay=0.0))
+    p, _, _ = run_zerompi(p0, [g], Hyper(lr=lr, weight_decay=0.0))
     np.testing.assert_allclose(p0 - p, lr * g / (np.abs(g) + 1e-8), rtol=1e-10)
     np.testing.assert_allclose(p0 - p, lr * np.sign(g), rtol=2e-5)       # eps / |g| <= 1e-5
     # with a large eps the exact form is visible: eps is added after the bias correction of v
     eps = 0.5
-    p, _, _ = run_zerompi(p0, [g], AdamConfig(lr=lr, eps=eps, weight_decay=0.0))
+    p, _, _ = run_zerompi(p0, [g], Hyper(lr=lr, eps=eps, weight_decay=0.0))
     np.testing.assert_allclose(p0 - p, lr * g / (np.abs(g) + eps), rtol=1e-10)
 
 
@@ -181,3 +213,27 @@ def test_padding_stays_exactly_zero():
         assert np.all(p[pad] == 0) and not np.any(np.signbit(p[pad]))
         assert np.all(opt.m[pad] == 0) and np.all(opt.v[pad] == 0)
         assert np.all(p[~pad] != p0[~pad])
+
+
+@pytest.mark.parametrize("storage", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "fp16"])
+def test_mixed_precision_updates_the_fp32_master_and_rounds_into_16_bit_params(storage):
+    """16-bit params and grads: Adam runs on the fp32 master (the textbook result in fp32) and
+    writes round(master) into the params; grad_multiplier unscales the gradient exactly."""
+    numel, scale = 2 * CHUNK + 3, 1024.0
+    p0, grads = problem(numel, np.float32, seed=3)
+    ledger = MemoryLedger()
+    opt = Opt(numel, storage, CONFIG, ledger)
+    opt.master[:] = p0
+    params = p0.astype(storage)
+    for g in grads:
+        opt.begin_step()
+        opt.update(params, (g * scale).astype(storage), slice(None), grad_multiplier=1.0 / scale)
+    rounded_grads = [(g * scale).astype(storage).astype(np.float64) / scale for g in grads]
+    want_p, want_m, want_v = textbook_adamw(p0, rounded_grads, CONFIG)
+    assert opt.master.dtype == np.float32 and opt.m.dtype == np.float32
+    # fp32 state against the float64 textbook: float32 rounding of sums of gradients up to 10 * scale
+    np.testing.assert_allclose(opt.master, want_p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(opt.m, want_m, rtol=1e-5, atol=1e-6)
+    assert params.dtype == storage
+    assert np.array_equal(params, opt.master.astype(storage))   # params are the rounded master
+    assert ledger.bytes_by_kind["optimizer"] == 3 * 4 * numel    # master, m, v: 12 bytes/param

@@ -170,7 +170,13 @@ BAD_INPUTS = [
     ("hidden-zero", ["--hidden", "0,5"], "widths must be positive", None, (3,)),
     ("hidden-abc", ["--hidden", "abc"], "expected comma-separated integers", None, (3, 1)),
     ("batch-not-divisible", ["--batch-size", 10], "cannot be split evenly over 3 ranks", None, (3,)),
-    ("dtype-float16", ["--dtype", "float16"], "unknown --dtype 'float16'", None, (3,)),
+    ("dtype-int8", ["--dtype", "int8"], "unknown --dtype 'int8'", None, (3,)),
+    ("grad-accum-0", ["--grad-accum", 0], "--grad-accum must be positive", None, (3,)),
+    ("batch-not-divisible-by-micro-batches", ["--grad-accum", 5], "over 3 ranks x 5 micro-batches", None, (3,)),
+    ("lr-schedule-unknown", ["--lr-schedule", "linear"], "unknown --lr-schedule 'linear'", None, (3,)),
+    ("warmup-negative", ["--warmup-steps", -1], "--warmup-steps must be >= 0", None, (3,)),
+    ("min-lr-above-lr", ["--min-lr", 1.0], "--min-lr must be in [0, --lr]", None, (3,)),
+    ("clip-norm-negative", ["--clip-norm", -1], "--clip-norm must be >= 0", None, (3,)),
     ("unknown-flag", ["--frobnicate", 3], "unrecognized arguments: --frobnicate", None, (3, 1)),
     ("data-missing", ["--data", "missing.npz"], "no such file", None, (3, 1)),
     ("data-text", ["--data", "{input}"], "not a valid .npz", _text_file, (3,)),
@@ -234,6 +240,26 @@ def test_help_prints_usage_once_and_exits_0(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # Determinism: the same flags twice give the same bits
 # ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "fp16"])
+def test_divergence_stops_with_one_error_exit_3_and_keeps_the_last_good_weights(dtype, tmp_path):
+    """float32: a learning rate that blows the weights up until the loss is not finite.
+    fp16: a loss scale that overflows at every step and halves until it is below the floor."""
+    flags = (["--lr", "1e30", "--lr-schedule", "constant", "--warmup-steps", 0] if dtype == "float32" else
+             ["--loss-scale", 2.0 ** 40, "--min-loss-scale", 2.0 ** 30])
+    run = launch(3, "--dtype", dtype, "--steps", 50, "--hidden", 8, "--batch-size", 12, "--log-every", 0,
+                 "--report", "none", "--save-weights", "w.npz", *flags, cwd=tmp_path)
+    assert run.returncode == 3, run.describe()
+    assert run.output.count(ERROR_MARK) == 1, run.describe()
+    error_line = next(line for line in run.output.splitlines() if ERROR_MARK in line)
+    assert "step " in error_line, run.describe()
+    assert ("not finite" if dtype == "float32" else "loss scale fell") in error_line, run.describe()
+    assert "last good weights are in w.npz" in error_line, run.describe()
+    weights = load_weights(tmp_path / "w.npz")
+    assert all(np.all(np.isfinite(a)) for a in weights.values())
+    if dtype == "fp16":                     # every step overflowed: the initial weights, untouched
+        assert run.output.count("gradient overflow: step skipped") == 11, run.describe()
+
 
 def test_same_flags_twice_give_bitwise_identical_weights_and_losses(tmp_path):
     flags = ["--stage", 2, "--steps", 20, "--hidden", "16,9", "--batch-size", 48, "--log-every", 5,
@@ -312,13 +338,20 @@ def test_init_weights_loads_what_save_weights_wrote_across_n_and_stage(tmp_path)
 # --report json
 # ----------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("dtype, micro_batches, bytes_per_param",
+                         [("float32", 1, (4, 4, 8)), ("bf16", 2, (2, 2, 12)), ("fp16", 1, (2, 2, 12))])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_report_json_is_one_document_whose_measurements_match_the_formulas(stage, tmp_path):
+def test_report_json_is_one_document_whose_measurements_match_the_formulas(stage, dtype, micro_batches,
+                                                                           bytes_per_param, tmp_path):
     # odd widths: every unit is padded to a multiple of N = 3; --log-every 1 checks that progress
     # lines go to stderr and leave stdout to the JSON document
     run = train_ok(3, "--stage", stage, "--hidden", "7,5", "--batch-size", 12, "--steps", 3,
+                   "--dtype", dtype, "--grad-accum", micro_batches, "--data", "synthetic",
                    "--log-every", 1, "--report", "json", cwd=tmp_path)
     report = json.loads(run.stdout)
+    b = report["bytes_per_param"]
+    assert (b["param"], b["grad"], b["optimizer"]) == bytes_per_param
+    assert report["micro_batches"] == micro_batches
     assert len(loss_lines(run.stderr)) == 3
     assert report["stage"] == stage and report["ranks"] == 3 and report["steps"] == 3
     assert report["psi"] == 32 * 7 + 7 + 7 * 5 + 5 + 5 * 10 + 10

@@ -8,6 +8,7 @@ import pytest
 from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
 from zerompi.engine import build_engine
+from zerompi.precision import precision_for
 from zerompi.layout import Layout
 from zerompi.weights import WeightsError, check_writable, read_weights, save_weights
 
@@ -16,7 +17,7 @@ SIZES = [5, 37, 53, 7]
 
 def make_engine(stage, dtype, seed=0, sizes=SIZES):
     """An engine whose parameters are random values (not the init), returned with those values."""
-    engine = build_engine(sizes, stage, np.dtype(dtype), AdamConfig(), 4, Communicator())
+    engine = build_engine(sizes, stage, precision_for(np.dtype(dtype).name), AdamConfig(), 4, Communicator())
     rng = np.random.default_rng(seed)
     values = []
     for unit in engine.layout.units:

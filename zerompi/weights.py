@@ -5,7 +5,8 @@ one per tensor, with no pickled objects (always read with allow_pickle=False):
 
     layers.{i}.weight   (sizes[i+1], sizes[i])   the torch.nn.Linear layout: y = x W^T + b
     layers.{i}.bias     (sizes[i+1],)
-    for i = 0 .. len(sizes) - 2, in the training dtype.
+    for i = 0 .. len(sizes) - 2, in the training dtype (float64, float32, float16), except that
+    bfloat16, which .npy cannot describe portably, is widened to float32 (exactly).
 
 Saving streams one unit at a time: every rank takes part in `full_unit_params` (a collective
 all-gather in stage 3), and rank 0 writes that unit's two arrays into the archive before the next
@@ -20,7 +21,10 @@ import os
 import zipfile
 import zlib
 
+import ml_dtypes
 import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 class WeightsError(ValueError):
@@ -59,7 +63,7 @@ def save_weights(engine, path):
             try:
                 for name, tensor in zip(engine.layout.tensor_names(unit), unit.views(full)):
                     with archive.open(name + ".npy", "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, np.ascontiguousarray(tensor), allow_pickle=False)
+                        np.lib.format.write_array(member, portable(tensor), allow_pickle=False)
             except OSError as e:
                 error = f"cannot save weights to {path}: {e.strerror or e}"
         if archive is not None:
@@ -72,6 +76,12 @@ def save_weights(engine, path):
         if archive is not None and os.path.exists(tmp_path):   # never leave a half-written file
             os.unlink(tmp_path)
     return error
+
+
+def portable(tensor):
+    """The tensor as written: bfloat16, which .npy cannot describe portably, widened to float32
+    (exactly); every other dtype as it is."""
+    return np.ascontiguousarray(tensor, dtype=np.float32 if tensor.dtype == BF16 else tensor.dtype)
 
 
 def _fsync_and_rename(tmp_path, path):
