@@ -364,6 +364,9 @@ def test_report_json_is_one_document_whose_measurements_match_the_formulas(stage
         measured = row["params"] + row["grads"] + row["optimizer"]
         assert measured == padded_total, f"rank {rank}: {row}"
         assert report["memory_formula_bytes"]["total"] <= measured, f"rank {rank}"
+        # bytes: gradients are reduced in the compute dtype (float32), parameters gathered as stored
+        assert row["comm_bytes"] == pytest.approx(4 * row["grads_elements"] + bytes_per_param[0]
+                                                  * row["params_elements"], rel=1e-12)
         moved = row["grads_elements"] + row["params_elements"]
         assert moved == pytest.approx(comm_padded, rel=1e-12, abs=1e-9), f"rank {rank}: {row}"
     assert files_under(tmp_path) == []
@@ -382,6 +385,14 @@ def test_default_run_prints_progress_accuracy_and_ledger(tmp_path):
     assert run.stdout.count("Communication per rank") == 1
     assert "ZeRO stage 3 on 2 ranks" in run.stdout
     assert files_under(tmp_path) == []
+
+
+def test_the_main_job_reaches_95_percent_on_the_held_out_digits(tmp_path):
+    """`mpirun -n 8 python -m zerompi.train` with its defaults, as README promises."""
+    run = train_ok(8, cwd=tmp_path)
+    accuracy = float(run.stdout.split("held-out accuracy ")[1].split("%")[0])
+    assert accuracy >= 95.0, run.describe()
+    assert "data digits: 1497 train, 300 held out" in run.stdout
 
 
 # ----------------------------------------------------------------------------------------------

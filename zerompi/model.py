@@ -45,7 +45,8 @@ class MLP:
         self.d_pre = [alloc("activations", f"d_pre{u.index}", (B, u.out_features), dtype) for u in hidden]
         self.d_x = [None] + [alloc("activations", f"d_x{u.index}", (B, u.in_features), dtype)
                              for u in self.units[1:]]
-        self.param_work = alloc("work", "mlp.param_work", (layout.max_unit_padded,), dtype)
+        self.param_work = (alloc("work", "mlp.param_work", (layout.max_unit_padded,), dtype)
+                           if precision.mixed else None)
         self.grad_work = alloc("work", "mlp.grad_work", (layout.max_unit_padded,), dtype)
 
     def load_input(self, x):
@@ -56,7 +57,7 @@ class MLP:
 
     def compute_params(self, unit, weight, bias):
         """(weight, bias) in the compute dtype: as given, or widened into param_work."""
-        if weight.dtype == self.param_work.dtype:
+        if self.param_work is None:                  # full precision: stored = compute dtype
             return weight, bias
         wide_weight, wide_bias = unit.views(self.param_work[:unit.padded])
         wide_weight[...] = weight

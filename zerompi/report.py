@@ -1,7 +1,8 @@
 """The end-of-run report: each rank's measured memory and communication beside the formulas.
 
 Measured (from zerompi/ledger.py): bytes of every buffer allocated, by kind; the OS peak RSS; the
-ring volume of every collective, counted from the buffer handed to MPI.
+ring volume of every collective, counted from the buffer handed to MPI (elements, and bytes: 16-bit
+gradients are reduced in float32, so their bytes are 4 per element).
 Formulas (from zerompi/memory.py), with P, G, K from zerompi/precision.py (float32: 4, 4, 8 as m
 and v; float64: 8, 8, 16; bf16 and fp16: 2, 2, 12 as the fp32 master, m and v):
 
@@ -23,7 +24,7 @@ import numpy as np
 from .ledger import MEMORY_KINDS
 from .memory import comm_elements_per_step, model_state_bytes
 
-COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "calls", "comm_seconds")
+COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds")
 
 
 def rank_numbers(engine, train_comm, steps):
@@ -32,7 +33,7 @@ def rank_numbers(engine, train_comm, steps):
     memory = engine.memory
     grads, params = train_comm["grads"], train_comm["params"]
     return np.array([memory.bytes_by_kind[k] for k in MEMORY_KINDS] +
-                    [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps,
+                    [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps, (grads[1] + params[1]) / steps,
                      (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps], dtype=np.float64)
 
 
@@ -90,14 +91,19 @@ def format_table(report):
     padded = r["memory_formula_padded_bytes"]["total"]
     lines += [f"     formula at Psi_pad: {padded:,.0f} B; at Psi: {formula:,.0f} B (difference = padding)", "",
               "Communication per rank per training step (ring volume counted from each call's buffer, elements)",
-              f"{'rank':>4} {'grads':>12} {'params':>12} {'total':>12} {'formula':>12} {'calls':>6} {'MPI time':>10}"]
+              f"{'rank':>4} {'grads':>12} {'params':>12} {'total':>12} {'formula':>12} {'bytes':>10} {'calls':>6}"
+              f" {'MPI time':>10}"]
     comm_formula = r["comm_formula_elements_per_step"]
     for rank, row in enumerate(r["per_rank"]):
         total = row["grads_elements"] + row["params_elements"]
         lines.append(f"{rank:>4} {row['grads_elements']:>12,.0f} {row['params_elements']:>12,.0f} {total:>12,.0f} "
-                     f"{comm_formula:>12,.0f} {row['calls']:>6.0f} {row['comm_seconds'] * 1e3:>8.2f}ms")
+                     f"{comm_formula:>12,.0f} {_size(row['comm_bytes']):>10} {row['calls']:>6.0f}"
+                     f" {row['comm_seconds'] * 1e3:>8.2f}ms")
     lines.append(f"     formula {comm_name}: {comm_formula:,.0f} at Psi, "
                  f"{r['comm_formula_padded_elements_per_step']:,.0f} at Psi_pad")
+    if b["param"] == 2:
+        lines.append("     bytes: 16-bit gradients are summed in float32 (4 bytes per element), parameters "
+                     "gathered as 16-bit words (2)")
     return "\n".join(lines)
 
 
