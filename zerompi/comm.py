@@ -126,13 +126,21 @@ class Communicator:
         if self.rank == 0:
             print(*args, file=file if file is not None else sys.stdout, flush=True, **kwargs)
 
+    def first_failing_rank(self, error):
+        """Collective: the lowest rank whose error is not None, or None when no rank has one."""
+        flag = np.array([self.rank if error is not None else self.size], dtype=np.int64)
+        self.mpi.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
+        return int(flag[0]) if flag[0] < self.size else None
+
+    def any_failed(self, error):
+        """Collective: True on every rank when any rank's error is not None."""
+        return self.first_failing_rank(error) is not None
+
     def check_all(self, error, exit_code=2):
         """Collective: every rank passes its error message or None. If any rank has one, the
         lowest such rank prints it (one line, once) and every rank raises SystemExit(exit_code)."""
-        flag = np.array([self.rank if error is not None else self.size], dtype=np.int64)
-        self.mpi.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
-        first_failing = int(flag[0])
-        if first_failing < self.size:
+        first_failing = self.first_failing_rank(error)
+        if first_failing is not None:
             if self.rank == first_failing:
                 print(f"zerompi: error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(exit_code)

@@ -38,6 +38,10 @@ class TrainConfig:
     shuffle: bool = True            # shuffle the training rows every epoch (by seed), else in order
     init_weights: str = ""          # start from this consolidated .npz instead of a random init
     save_weights: str = ""          # write the final weights here as one consolidated .npz
+    save_dir: str = ""              # sharded checkpoints go here (see zerompi/checkpoint)
+    save_every: int = 0             # checkpoint every this many steps (0: only at the end)
+    keep_last: int = 3              # keep this many newest checkpoints (0: all)
+    resume: str = ""                # "latest": from --save-dir's newest checkpoint if any; or a folder
     log_every: int = 25             # print loss and accuracy every this many steps (0: never)
     report: str = "table"           # end-of-run ledger: table, json (only JSON on stdout) or none
 
@@ -113,6 +117,15 @@ def build_parser(rank=0):
                    help="shuffle the training rows each epoch (by --seed); --no-shuffle: file order")
     p.add_argument("--init-weights", default=d.init_weights, help="start from this consolidated .npz")
     p.add_argument("--save-weights", default=d.save_weights, help="save final weights to this .npz")
+    p.add_argument("--save-dir", default=d.save_dir,
+                   help="write sharded checkpoints here (at the end, every --save-every steps, and on "
+                        "SIGTERM/SIGUSR1)")
+    p.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every this many steps "
+                   "(0: only at the end)")
+    p.add_argument("--keep-last", type=int, default=d.keep_last, help="newest checkpoints to keep (0: all)")
+    p.add_argument("--resume", nargs="?", const="latest", default=d.resume,
+                   help="--resume: continue from --save-dir's newest checkpoint (start fresh if there "
+                        "is none); --resume FOLDER: from that checkpoint, written with any N and stage")
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines (0: none)")
     p.add_argument("--report", default=d.report, metavar="{table,json,none}",
                    help="end-of-run ledger; json: stdout holds only the JSON report, progress goes to stderr")
@@ -140,6 +153,12 @@ def check_config(cfg, num_ranks):
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"
     if cfg.classes < 0:
         return f"--classes must be positive (or 0 for: from the labels), got {cfg.classes}"
+    if cfg.save_every < 0 or cfg.keep_last < 0:
+        return f"--save-every and --keep-last must be >= 0, got {cfg.save_every} and {cfg.keep_last}"
+    if (cfg.save_every or cfg.resume == "latest") and not cfg.save_dir:
+        return "--save-every and --resume (without a folder) need --save-dir"
+    if cfg.resume and cfg.init_weights:
+        return "--resume and --init-weights both set the starting weights: choose one"
     if cfg.log_every < 0:
         return f"--log-every must be >= 0, got {cfg.log_every}"
     if cfg.warmup_steps < 0:

@@ -31,6 +31,7 @@ def rank_numbers(engine, train_comm, steps):
     """This rank's measured numbers, per step for communication. train_comm: the CommLedger
     totals of the training steps only, as {purpose: (calls, bytes, elements, seconds)}."""
     memory = engine.memory
+    steps = max(steps, 1)                  # a resumed run with no steps left moved nothing
     grads, params = train_comm["grads"], train_comm["params"]
     return np.array([memory.bytes_by_kind[k] for k in MEMORY_KINDS] +
                     [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps, (grads[1] + params[1]) / steps,

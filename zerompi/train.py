@@ -17,7 +17,8 @@ so the run computes what one process would compute on the whole batch, for every
 
 Exit status: 0 done; 2 bad input (one line on stderr); 3 training diverged (a non-finite loss or
 gradient in float32/float64/bf16, or the fp16 loss scale collapsed): the last good weights are
-saved where --save-weights is set; 1 an unexpected failure (traceback, MPI_Abort).
+saved where --save-weights is set; 4 preempted (SIGTERM/SIGUSR1): a checkpoint was written to
+--save-dir, continue with --resume; 1 an unexpected failure (traceback, MPI_Abort).
 """
 import os
 import sys
@@ -37,7 +38,9 @@ from .precision import precision_for
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
 from .train_step import count_correct, train_step
-from .weights import WeightsError, check_writable, read_weights, save_weights
+from .checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_training_checkpoint,
+                                  start_from)
+from .weights import check_writable, save_weights
 
 DIVERGED = 3                          # exit status when training stops on a non-finite loss
 
@@ -72,19 +75,6 @@ def load_data(cfg):
         return None, (f"--batch-size {cfg.batch_size} is larger than the {data.x_train.shape[0]} "
                       f"training samples of {data.name}")
     return data, None
-
-
-def load_initial_weights(engine, cfg):
-    """Random init from the seed, or the --init-weights file; returns an error message or None."""
-    if not cfg.init_weights:
-        engine.init_params(cfg.seed)
-        return None
-    try:
-        for unit, values in read_weights(cfg.init_weights, engine.layout):
-            engine.zero.set_unit_params(unit, values)
-    except WeightsError as e:
-        return str(e)
-    return None
 
 
 class Progress:
@@ -122,24 +112,28 @@ def run(cfg, comm, out):
     rows = cfg.batch_size // (comm.size * K)                 # this rank's rows of one micro-batch
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
     engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm)
-    comm.check_all(load_initial_weights(engine, cfg))
     comm.check_all(check_writable(cfg.save_weights) if cfg.save_weights and comm.rank == 0 else None)
+    comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
+    scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
+                        cfg.min_loss_scale)
+    first_step, note = start_from(engine, cfg, scaler)
 
     x_train = data.x_train.astype(precision.compute)         # (samples, features)
     schedule = BatchSchedule(x_train.shape[0], cfg.batch_size, cfg.seed, cfg.shuffle)
     x_micro = np.empty((K, rows, data.num_features), precision.compute)   # this rank's rows, per micro-batch
     y_micro = np.empty((K, rows), np.int64)
-    scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
-                        cfg.min_loss_scale)
     progress = Progress(cfg, comm, out)
+    preemption = Preemption(enabled=bool(cfg.save_dir))
 
     comm.print0(f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks | MLP {'-'.join(map(str, sizes))} "
                 f"({engine.layout.num_params:,} parameters) | {cfg.dtype} | global batch {cfg.batch_size} "
                 f"= {comm.size} ranks x {K} micro-batches x {rows} rows | {cfg.steps} steps | data "
                 f"{data.name}: {x_train.shape[0]} train"
                 f"{'' if data.x_test is None else f', {data.x_test.shape[0]} held out'}", file=out)
+    if note:
+        comm.print0(note, file=out)
     start = time.perf_counter()
-    for step in range(cfg.steps):
+    for step in range(first_step, cfg.steps):
         # global batch -> K micro-batches -> this rank's rows of each
         batch = schedule.global_indices(step).reshape(K, comm.size, rows)[:, comm.rank]
         for k in range(K):
@@ -162,6 +156,14 @@ def run(cfg, comm, out):
         done = step + 1
         if cfg.log_every and progress.steps and (done % cfg.log_every == 0 or done == cfg.steps):
             progress.print_line(done, lr, scaler)
+        preempted = cfg.save_dir and preemption.agreed(comm)
+        if cfg.save_dir and (preempted or done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
+            save_training_checkpoint(engine, cfg, done, scaler)
+        if preempted:
+            comm.print0(f"step {done}: signalled: checkpoint written to {cfg.save_dir}; exiting with status "
+                        f"{PREEMPTED} (continue with --resume)", file=out)
+            raise SystemExit(PREEMPTED)
+    steps_run = cfg.steps - first_step
     train_seconds = time.perf_counter() - start
     train_comm = {p: comm.ledger.totals({p}) for p in ("grads", "params")}
 
@@ -172,7 +174,7 @@ def run(cfg, comm, out):
     if cfg.save_weights:
         comm.check_all(save_weights(engine, cfg.save_weights))
         comm.print0(f"saved weights to {cfg.save_weights}", file=out)
-    report = build_report(engine, train_comm, cfg.steps, cfg.stage, K)
+    report = build_report(engine, train_comm, steps_run, cfg.stage, K)
     if comm.rank == 0 and cfg.report == "table":
         print("\n" + format_table(report), flush=True)
     elif comm.rank == 0 and cfg.report == "json":

@@ -55,6 +55,10 @@ class ZeroStage:
             owned_values = values[lo:hi]               # shorter than the shard where it reaches padding
             self.adam.master[state][:owned_values.size] = owned_values
 
+    def held_params(self, unit):
+        """(the unit's parameters this rank holds, (lo, hi): which elements of the unit they are)."""
+        return self.param_full[self.layout.full_slice(unit)], (0, unit.padded)
+
     def full_unit_params(self, unit):
         """The unit's full flat parameters (padded,). Collective in stage 3: call on every rank."""
         return self.param_full[self.layout.full_slice(unit)]

@@ -46,6 +46,9 @@ class Stage3(Stage2):
         rank, shard = self.comm.rank, self.layout.shard_slice(unit)
         return self.param_shard[shard], self.grad_shard[shard], shard, unit.owned_range(rank)
 
+    def held_params(self, unit):
+        return self.param_shard[self.layout.shard_slice(unit)], unit.owned_range(self.comm.rank)
+
     def store_unit_params(self, unit, values):
         lo, hi = unit.owned_range(self.comm.rank)
         owned_values = values[lo:hi]                 # shorter than the shard where it reaches padding

@@ -1,0 +1,13 @@
+"""Sharded, pickle-free, atomic checkpoints that load onto any N and any stage.
+
+    files.py       the on-disk layout, the manifest, reading any element range (with CRCs)
+    save.py        the collective save: every rank writes its owned ranges; atomic publication
+    load.py        loading into any (N, stage): each rank reads only what it will hold
+    export.py      streaming export to safetensors and to the consolidated .npz
+    __main__.py    `python -m zerompi.checkpoint inspect | consolidate | export`
+"""
+from .files import CheckpointError, latest_checkpoint
+from .load import load_checkpoint
+from .save import save_checkpoint
+
+__all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]

@@ -1,0 +1,43 @@
+"""Loading a checkpoint into any N and any stage: each rank reads only the ranges it will hold.
+
+For each unit, a rank holds some range of the parameters and some range of the optimizer state
+(zerompi/stages: `held_params` and `owned`): stage 0 everything, stages 1-2 all parameters but
+only the owned range of the state, stage 3 only the owned range of both. CheckpointReader fetches
+exactly those elements from the files of the writer ranks that owned them (checking the CRC of
+every block it touches), so resharding needs no offline step and no rank ever holds more than
+it keeps, stage 3 included.
+
+Which copy of the parameters: the fp32 master when the checkpoint has one (mixed precision),
+else the stored parameters. A mixed-precision run then rounds it into its 16-bit parameters,
+which reproduces the saved 16-bit parameters bit for bit (they were rounded from that master);
+a float32/float64 run takes it as it is. m and v are read as saved and converted to this run's
+state dtype. Adam's step count and the training position come from the manifest.
+"""
+import numpy as np
+
+from .files import CheckpointError, CheckpointReader
+
+TRAINING_STATE = ("step", "loss_scale", "loss_scale_good_steps", "seed", "shuffle", "batch_size")
+
+
+def load_checkpoint(engine, folder):
+    """Fill the engine's parameters and Adam state from the checkpoint in folder; returns the
+    training state (step, loss scale, data order). Raises CheckpointError. Not collective."""
+    reader = CheckpointReader(folder)
+    manifest = reader.manifest
+    layout, zero = engine.layout, engine.zero
+    if manifest["sizes"] != layout.sizes:
+        raise CheckpointError(f"{folder}: a checkpoint of an MLP with sizes {manifest['sizes']}, but this "
+                              f"run builds {layout.sizes}")
+    best = "master" if "master" in reader.kinds else "params"
+    optimizer_arrays = [("m", zero.adam.m), ("v", zero.adam.v)]
+    if zero.adam.master is not None:
+        optimizer_arrays.append((best, zero.adam.master))
+    for unit in layout.units:
+        held, (lo, hi) = zero.held_params(unit)
+        held[...] = reader.read_range(unit.index, best, lo, hi, reader.kinds[best])
+        _, _, state, (lo, hi) = zero.owned(unit)
+        for kind, array in optimizer_arrays:
+            array[state] = reader.read_range(unit.index, kind, lo, hi, reader.kinds[kind])
+    zero.adam.t = int(manifest["adam_steps"])
+    return {key: manifest[key] for key in TRAINING_STATE}

@@ -1,0 +1,171 @@
+"""Saving a sharded checkpoint: every rank writes only what it owns; nothing is visible until complete.
+
+    rank 0        remove stale .partial-* folders; create .partial-step_K/          -- all agree --
+    every rank    write rank{r}.{kind}.npy for each kind of state it owns, fsync,
+                  then read it back to compute its blocks' CRC-32s                  -- all agree --
+    gather        the CRCs and data offsets to rank 0 (one buffer Gather)
+    rank 0        write manifest.json (fsync), fsync the folder, rename
+                  .partial-step_K -> step_K, fsync save_dir, then write `latest`
+                  (tmp + fsync + rename); finally delete checkpoints beyond keep_last  -- all agree --
+
+A kill at any moment leaves `latest` pointing at the previous complete checkpoint: a partial folder
+is never read, and `latest` moves only after the rename. Each "all agree" is one small all-reduce
+(Communicator.any_failed): if any rank failed (a full disk, a missing folder), every rank returns
+at the same point, so none is left waiting in a collective.
+
+What rank r writes for each unit is its owned range under the current N (Unit.owned_range),
+whatever the stage: in stage 0, where every rank holds everything, rank r still writes only its
+range, so the files have the same shape for every stage.
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+
+import numpy as np
+
+from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, block_crcs, fsync_folder, on_disk,
+                    shard_file_name, step_folder_name, write_text_atomically)
+
+KILL_DURING_SAVE = "ZEROMPI_KILL_DURING_SAVE"   # fault injection for tests: "rank:step" SIGKILLs that
+                                                # rank after its first shard file of that step's save
+
+
+def state_kinds(zero):
+    """The kinds of state a checkpoint of this stage holds, with their dtypes."""
+    kinds = {"params": zero.precision.storage}
+    if zero.adam.master is not None:
+        kinds["master"] = zero.precision.compute
+    kinds["m"] = kinds["v"] = zero.precision.compute
+    return kinds
+
+
+def owned_segment(zero, kind, unit, rank):
+    """Rank's owned range of the unit (shard_size elements) for one kind of state: a view."""
+    a, b = unit.owned_range(rank)
+    if kind == "params":
+        held, (lo, _) = zero.held_params(unit)
+        return held[a - lo:b - lo]
+    _, _, state, (lo, _) = zero.owned(unit)
+    array = {"master": zero.adam.master, "m": zero.adam.m, "v": zero.adam.v}[kind]
+    return array[state][a - lo:b - lo]
+
+
+def write_shard_file(path, dtype, segments):
+    """One .npy of the concatenated segments; returns (data_offset, data_bytes, block CRCs)."""
+    disk_dtype = on_disk(np.empty(0, dtype)).dtype
+    numel = sum(s.size for s in segments)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(disk_dtype),
+                                                 "fortran_order": False, "shape": (numel,)})
+        data_offset = f.tell()
+        for segment in segments:
+            f.write(memoryview(on_disk(np.ascontiguousarray(segment))).cast("B"))
+        f.flush()
+        os.fsync(f.fileno())
+    with open(path, "rb") as f:                       # the CRCs of what is on disk, not in memory
+        f.seek(data_offset)
+        data = f.read()
+    return data_offset, len(data), block_crcs(data)
+
+
+def save_checkpoint(engine, save_dir, training_state, keep_last):
+    """Collective. Write step training_state["step"]'s checkpoint; returns this rank's error or None
+    (every rank returns at the same point; pass the result to comm.check_all)."""
+    comm, zero, layout = engine.comm, engine.zero, engine.layout
+    name = step_folder_name(training_state["step"])
+    partial = os.path.join(save_dir, ".partial-" + name)
+    error = None
+    if comm.rank == 0:
+        try:
+            for stale in glob.glob(os.path.join(save_dir, ".partial-*")):
+                shutil.rmtree(stale)
+            os.makedirs(partial)
+        except OSError as e:
+            error = f"cannot create checkpoint folder {partial}: {e.strerror or e}"
+    if comm.any_failed(error):
+        return error
+
+    kinds = state_kinds(zero)
+    max_blocks = max(-(-layout.shard_numel * dtype.itemsize // BLOCK_BYTES) for dtype in kinds.values())
+    crcs = np.full((len(kinds), max_blocks), -1, dtype=np.int64)       # this rank's files, padded with -1
+    offsets = np.zeros(len(kinds), dtype=np.int64)
+    try:
+        for i, (kind, dtype) in enumerate(kinds.items()):
+            segments = [owned_segment(zero, kind, unit, comm.rank) for unit in layout.units]
+            path = os.path.join(partial, shard_file_name(comm.rank, kind))
+            offsets[i], _, file_crcs = write_shard_file(path, dtype, segments)
+            crcs[i, :len(file_crcs)] = file_crcs
+            _maybe_kill(comm.rank, training_state["step"])
+    except OSError as e:
+        error = f"cannot write checkpoint shard in {partial}: {e.strerror or e}"
+    if comm.any_failed(error):
+        return error
+
+    all_crcs = np.zeros((comm.size,) + crcs.shape, dtype=np.int64) if comm.rank == 0 else None
+    all_offsets = np.zeros((comm.size, len(kinds)), dtype=np.int64) if comm.rank == 0 else None
+    comm.gather_to_root(crcs, all_crcs)
+    comm.gather_to_root(offsets, all_offsets)
+    if comm.rank == 0:
+        try:
+            manifest = build_manifest(engine, training_state, kinds, all_crcs, all_offsets)
+            write_text_atomically(os.path.join(partial, MANIFEST), manifest)
+            fsync_folder(partial)
+            publish(save_dir, partial, name)
+            rotate(save_dir, keep_last)
+        except OSError as e:
+            error = f"cannot complete checkpoint {os.path.join(save_dir, name)}: {e.strerror or e}"
+    comm.any_failed(error)
+    return error
+
+
+def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
+    layout, zero = engine.layout, engine.zero
+    files = []
+    for rank in range(engine.comm.size):
+        for i, (kind, dtype) in enumerate(kinds.items()):
+            data_bytes = layout.shard_numel * dtype.itemsize
+            blocks = -(-data_bytes // BLOCK_BYTES)
+            files.append({"rank": rank, "kind": kind, "path": shard_file_name(rank, kind),
+                          "data_offset": int(all_offsets[rank, i]), "data_bytes": data_bytes,
+                          "crc32": [int(c) for c in all_crcs[rank, i, :blocks]]})
+    manifest = {
+        "format": FORMAT, "version": VERSION,
+        **training_state, "adam_steps": zero.adam.t,
+        "stage": zero.stage, "ranks": engine.comm.size, "dtype": zero.precision.name,
+        "sizes": layout.sizes,
+        "units": [{"names": list(layout.tensor_names(u)),
+                   "shapes": [[u.out_features, u.in_features], [u.out_features]],
+                   "numel": u.numel, "padded": u.padded, "shard_size": u.shard_size,
+                   "shard_offset": u.shard_offset} for u in layout.units],
+        "kinds": {kind: dtype.name for kind, dtype in kinds.items()},
+        "block_bytes": BLOCK_BYTES, "files": files,
+    }
+    return json.dumps(manifest, indent=1)
+
+
+def publish(save_dir, partial, name):
+    """Rename the complete folder into place, then move `latest` to it."""
+    final = os.path.join(save_dir, name)
+    if os.path.exists(final):                       # the same step saved again (after a resume)
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    fsync_folder(save_dir)
+    write_text_atomically(os.path.join(save_dir, LATEST), name + "\n")
+
+
+def rotate(save_dir, keep_last):
+    """Delete all but the newest keep_last complete checkpoints (0: keep all)."""
+    if keep_last <= 0:
+        return
+    folders = sorted(d for d in os.listdir(save_dir) if d.startswith("step_") and
+                     os.path.isdir(os.path.join(save_dir, d)))
+    for old in folders[:-keep_last]:
+        shutil.rmtree(os.path.join(save_dir, old))
+
+
+def _maybe_kill(rank, step):
+    target = os.environ.get(KILL_DURING_SAVE)
+    if target and target == f"{rank}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)

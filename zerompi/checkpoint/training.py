@@ -1,0 +1,94 @@
+"""Checkpoints in the training loop: where a run starts, when it saves, and preemption.
+
+    start:   --resume [FOLDER] loads a checkpoint (any N, any stage), else --init-weights, else
+             the seeded initialization; the run continues at the checkpoint's step, with its
+             loss scale and Adam step count, and the same data order (same seed, batch, shuffle)
+    save:    every --save-every steps, at the end, and when preempted, into --save-dir
+    preempt: SIGTERM or SIGUSR1 (what Slurm sends before a time limit) only sets a flag; after
+             each step one all-reduce tells every rank whether any rank got the signal, so all
+             of them finish the same step, write the checkpoint, and exit with PREEMPTED together
+"""
+import os
+import signal
+
+import numpy as np
+
+from ..weights import WeightsError, read_weights
+from .files import CheckpointError, latest_checkpoint
+from .load import load_checkpoint
+from .save import save_checkpoint
+
+PREEMPTED = 4          # exit status after a signal: the checkpoint is written; rerun with --resume
+
+
+def start_from(engine, cfg, scaler):
+    """Collective. Set the starting weights; returns (first step, note for the log or None)."""
+    comm = engine.comm
+    folder, note, error, state = None, None, None, None
+    try:
+        if cfg.resume:
+            folder = latest_checkpoint(cfg.save_dir) if cfg.resume == "latest" else cfg.resume
+        if folder is not None:
+            state = load_checkpoint(engine, folder)
+            error = _data_order_mismatch(state, cfg, folder)
+        elif cfg.init_weights:
+            for unit, values in read_weights(cfg.init_weights, engine.layout):
+                engine.zero.set_unit_params(unit, values)
+        else:
+            engine.init_params(cfg.seed)
+    except (CheckpointError, WeightsError) as e:
+        error = str(e)
+    comm.check_all(error)
+    if cfg.resume == "latest" and folder is None:
+        note = f"no checkpoint in {cfg.save_dir} yet: starting from step 0"
+    if state is None:
+        return 0, note
+    if scaler.enabled:
+        scaler.scale, scaler.good_steps = state["loss_scale"], state["loss_scale_good_steps"]
+    return state["step"], f"resumed from {folder} at step {state['step']}"
+
+
+def _data_order_mismatch(state, cfg, folder):
+    for key, flag in (("seed", "--seed"), ("shuffle", "--shuffle"), ("batch_size", "--batch-size")):
+        if state[key] != getattr(cfg, key):
+            return (f"{folder} was written with {flag} {state[key]}, this run has {getattr(cfg, key)}: "
+                    f"the data order would not continue; pass the same {flag}")
+    return None
+
+
+def save_training_checkpoint(engine, cfg, step, scaler):
+    """Collective: checkpoint after `step` steps into --save-dir; exits on failure (status 2)."""
+    state = {"step": step, "loss_scale": scaler.scale, "loss_scale_good_steps": scaler.good_steps,
+             "seed": cfg.seed, "shuffle": cfg.shuffle, "batch_size": cfg.batch_size}
+    engine.comm.check_all(save_checkpoint(engine, cfg.save_dir, state, cfg.keep_last))
+
+
+class Preemption:
+    """SIGTERM / SIGUSR1 -> a flag that every rank agrees on after each step."""
+
+    def __init__(self, enabled):
+        self.requested = False
+        self.flag = np.zeros(1)
+        if enabled:
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def agreed(self, comm):
+        """Collective: True on every rank when any rank has been signalled."""
+        self.flag[0] = 1.0 if self.requested else 0.0
+        comm.allreduce_sum(self.flag, "control")
+        return self.flag[0] > 0
+
+
+def check_save_dir(cfg):
+    """One-line error if --save-dir cannot hold checkpoints (rank 0 creates it), else None."""
+    try:
+        os.makedirs(cfg.save_dir, exist_ok=True)
+    except OSError as e:
+        return f"cannot use --save-dir {cfg.save_dir}: {e.strerror or e}"
+    if not os.access(cfg.save_dir, os.W_OK):
+        return f"cannot use --save-dir {cfg.save_dir}: not writable"
+    return None
