@@ -15,7 +15,8 @@ written under a temporary name in the target folder, fsync'ed, and renamed over 
 reader sees the old file or the complete new one, never a half-written one.
 
 Loading reads one unit at a time on every rank (np.load of an .npz is lazy per array) and hands
-the values to the stage, which keeps what it owns.
+the values to the stage, which keeps what it owns. A .safetensors file with the same tensor names
+(what `python -m zerompi.checkpoint export` writes) loads the same way.
 """
 import os
 import zipfile
@@ -23,6 +24,8 @@ import zlib
 
 import ml_dtypes
 import numpy as np
+
+from .safetensors_io import SafetensorsError, read_header, read_tensor
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -43,38 +46,71 @@ def check_writable(path):
     return None
 
 
+class AtomicNpzWriter:
+    """A consolidated .npz written one tensor at a time under a temporary name; `commit` fsyncs it
+    and renames it over the target; `discard` (or an exception inside `with`) removes it."""
+
+    def __init__(self, path):
+        self.path = path
+        self.tmp_path = os.path.join(os.path.dirname(os.path.abspath(path)),
+                                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        self.archive = zipfile.ZipFile(self.tmp_path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+
+    def add(self, name, tensor):
+        with self.archive.open(name + ".npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array(member, portable(tensor), allow_pickle=False)
+
+    def commit(self):
+        self.archive.close()
+        with open(self.tmp_path, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(self.tmp_path, self.path)
+        folder = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+    def discard(self):
+        self.archive.close()
+        if os.path.exists(self.tmp_path):
+            os.unlink(self.tmp_path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is not None or os.path.exists(self.tmp_path):
+            self.discard()
+
+
 def save_weights(engine, path):
     """Collective. Rank 0 writes the consolidated file; returns its error message or None
     (the caller passes it to comm.check_all, so that every rank exits together). Every rank
     takes part in every unit's gather even after rank 0 has failed, so that no rank hangs."""
-    tmp_path = os.path.join(os.path.dirname(os.path.abspath(path)),
-                            f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    archive, error = None, None
+    writer, error = None, None
     try:
         if engine.comm.rank == 0:
             try:
-                archive = zipfile.ZipFile(tmp_path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+                writer = AtomicNpzWriter(path)
             except OSError as e:
                 error = f"cannot save weights to {path}: {e.strerror or e}"
         for unit in engine.layout.units:
             full = engine.zero.full_unit_params(unit)        # every rank: collective in stage 3
-            if archive is None or error is not None:
+            if writer is None or error is not None:
                 continue
             try:
                 for name, tensor in zip(engine.layout.tensor_names(unit), unit.views(full)):
-                    with archive.open(name + ".npy", "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, portable(tensor), allow_pickle=False)
+                    writer.add(name, tensor)
             except OSError as e:
                 error = f"cannot save weights to {path}: {e.strerror or e}"
-        if archive is not None:
-            archive.close()
-            if error is None:
-                _fsync_and_rename(tmp_path, path)
+        if writer is not None and error is None:
+            writer.commit()
     except OSError as e:
         error = f"cannot save weights to {path}: {e.strerror or e}"
     finally:
-        if archive is not None and os.path.exists(tmp_path):   # never leave a half-written file
-            os.unlink(tmp_path)
+        if writer is not None and os.path.exists(writer.tmp_path):   # never leave a half-written file
+            writer.discard()
     return error
 
 
@@ -84,20 +120,12 @@ def portable(tensor):
     return np.ascontiguousarray(tensor, dtype=np.float32 if tensor.dtype == BF16 else tensor.dtype)
 
 
-def _fsync_and_rename(tmp_path, path):
-    with open(tmp_path, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp_path, path)
-    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-
-
 def read_weights(path, layout):
-    """Yield (unit, values (numel,) float64) for each unit, after checking names, shapes and values.
-    Raises WeightsError naming the file and the problem."""
+    """Yield (unit, values (numel,) float64) for each unit, after checking names, shapes and values,
+    from a consolidated .npz or a .safetensors file. Raises WeightsError naming the file and the problem."""
+    if path.endswith(".safetensors"):
+        yield from _read_safetensors_weights(path, layout)
+        return
     try:
         archive = np.load(path, allow_pickle=False)
     except FileNotFoundError:
@@ -114,8 +142,7 @@ def read_weights(path, layout):
                                f" (model: {len(layout.units)} layers, sizes {layout.sizes})")
         for unit in layout.units:
             values = []
-            for name, want in zip(layout.tensor_names(unit), ((unit.out_features, unit.in_features),
-                                                              (unit.out_features,))):
+            for name in layout.tensor_names(unit):
                 if name not in archive.files:
                     raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
                 try:
@@ -124,12 +151,39 @@ def read_weights(path, layout):
                     raise WeightsError(f"weights file {path}: {name} cannot be read: {e}") from None
                 if not isinstance(tensor, np.ndarray):      # a member that is not .npy data
                     raise WeightsError(f"weights file {path}: {name} is not an .npy array")
-                if tensor.shape != want:
-                    raise WeightsError(f"weights file {path}: {name} has shape {tensor.shape}, the model"
-                                       f" (sizes {layout.sizes}) needs {want}")
-                if not np.issubdtype(tensor.dtype, np.floating):
-                    raise WeightsError(f"weights file {path}: {name} has dtype {tensor.dtype}, not a float type")
-                if not np.all(np.isfinite(tensor)):
-                    raise WeightsError(f"weights file {path}: {name} contains NaN or inf")
-                values.append(tensor.reshape(-1))
+                values.append(_checked(path, layout, unit, name, tensor))
             yield unit, np.concatenate(values).astype(np.float64)
+
+
+def _checked(path, layout, unit, name, tensor):
+    """The tensor flattened, after checking its shape, dtype and values."""
+    want = (unit.out_features, unit.in_features) if name.endswith(".weight") else (unit.out_features,)
+    if tensor.shape != want:
+        raise WeightsError(f"weights file {path}: {name} has shape {tensor.shape}, the model"
+                           f" (sizes {layout.sizes}) needs {want}")
+    if not (np.issubdtype(tensor.dtype, np.floating) or tensor.dtype == BF16):
+        raise WeightsError(f"weights file {path}: {name} has dtype {tensor.dtype}, not a float type")
+    if not np.all(np.isfinite(tensor.astype(np.float64))):
+        raise WeightsError(f"weights file {path}: {name} contains NaN or inf")
+    return tensor.reshape(-1)
+
+
+def _read_safetensors_weights(path, layout):
+    if not os.path.exists(path):
+        raise WeightsError(f"weights file {path} does not exist")
+    try:
+        header, _, data_start = read_header(path)
+    except SafetensorsError as e:
+        raise WeightsError(f"weights file {e}") from None
+    model_names = [name for unit in layout.units for name in layout.tensor_names(unit)]
+    extra = sorted(set(header) - set(model_names) - {n for n in header if n.startswith("optimizer.")})
+    if extra:
+        raise WeightsError(f"weights file {path} has tensors this model does not: {', '.join(extra[:4])}"
+                           f" (model: {len(layout.units)} layers, sizes {layout.sizes})")
+    for unit in layout.units:
+        values = []
+        for name in layout.tensor_names(unit):
+            if name not in header:
+                raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
+            values.append(_checked(path, layout, unit, name, read_tensor(path, header, data_start, name)))
+        yield unit, np.concatenate(values).astype(np.float64)
