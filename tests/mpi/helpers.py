@@ -11,29 +11,40 @@ GLOBAL_BATCH = 24          # divisible by every N tested: 1, 2, 3, 4, 8
 LR, WEIGHT_DECAY = 1e-2, 0.1
 
 
-def make_batches(sizes, steps, seed=1):
-    """[(x (GLOBAL_BATCH, sizes[0]) float64, labels (GLOBAL_BATCH,)), ...], the same on every rank."""
+def make_batches(sizes, steps, seed=1, rows=GLOBAL_BATCH):
+    """[(x (rows, sizes[0]) float64, labels (rows,)), ...], the same on every rank."""
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((GLOBAL_BATCH, sizes[0])), rng.integers(0, sizes[-1], GLOBAL_BATCH))
-            for _ in range(steps)]
+    return [(rng.standard_normal((rows, sizes[0])), rng.integers(0, sizes[-1], rows)) for _ in range(steps)]
+
+
+def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro_batches=1):
+    """An engine for this rank's share of the global batch, not yet initialized."""
+    comm = comm if comm is not None else Communicator()
+    rows = global_batch // (comm.size * micro_batches)
+    return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), AdamConfig(weight_decay=WEIGHT_DECAY),
+                        rows, comm)
+
+
+def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.0):
+    """Train on this rank's rows of each global batch, cut into micro_batches as zerompi.train
+    does; returns [StepResult, ...]."""
+    comm, compute = engine.comm, engine.zero.precision.compute
+    results = []
+    for x, labels in batches:
+        rows = x.shape[0] // (comm.size * micro_batches)
+        x = x.astype(compute).reshape(micro_batches, comm.size, rows, -1)[:, comm.rank]
+        labels = labels.reshape(micro_batches, comm.size, rows)[:, comm.rank]
+        results.append(train_step(engine.zero, engine.mlp, list(zip(x, labels)), micro_batches * comm.size * rows,
+                                  LR, loss_scale, max_grad_norm))
+    return results
 
 
 def train_zero(stage, sizes, dtype, batches, comm=None, seed=0, micro_batches=1, loss_scale=1.0,
                max_grad_norm=0.0):
-    """Run the ZeRO engine on this rank's rows of each global batch (cut into micro_batches, as
-    zerompi.train does); returns (engine, [StepResult, ...])."""
-    comm = comm if comm is not None else Communicator()
-    precision = precision_for(np.dtype(dtype).name)
-    rows = GLOBAL_BATCH // (comm.size * micro_batches)
-    engine = build_engine(sizes, stage, precision, AdamConfig(weight_decay=WEIGHT_DECAY), rows, comm)
+    """A fresh engine initialized from seed and trained on batches; returns (engine, results)."""
+    engine = make_engine(stage, sizes, dtype, comm, batches[0][0].shape[0], micro_batches)
     engine.init_params(seed)
-    results = []
-    for x, labels in batches:
-        x = x.astype(precision.compute).reshape(micro_batches, comm.size, rows, -1)[:, comm.rank]
-        labels = labels.reshape(micro_batches, comm.size, rows)[:, comm.rank]
-        results.append(train_step(engine.zero, engine.mlp, list(zip(x, labels)), GLOBAL_BATCH, LR,
-                                  loss_scale, max_grad_norm))
-    return engine, results
+    return engine, run_steps(engine, batches, micro_batches, loss_scale, max_grad_norm)
 
 
 def consolidated(engine):
