@@ -33,6 +33,7 @@ from .comm import Communicator
 from .config import ArgumentError, check_config, parse_args
 from .data import BatchSchedule, DataError, load_digits, load_npz, make_synthetic
 from .engine import build_engine
+from .launch import blas_threads, launch_mismatch, launcher_rank
 from .loss_scale import LossScaler
 from .precision import precision_for
 from .report import build_report, format_json, format_table
@@ -43,11 +44,6 @@ from .checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_tr
 from .weights import check_writable, save_weights
 
 DIVERGED = 3                          # exit status when training stops on a non-finite loss
-
-
-def blas_threads_per_rank(comm):
-    """The cores this process may use, divided among the ranks on this node (at least 1)."""
-    return max(1, len(os.sched_getaffinity(0)) // comm.ranks_on_this_node())
 
 
 MAX_INFERRED_CLASSES = 100_000       # a larger label is far more likely a broken file than intended
@@ -206,6 +202,11 @@ def held_out_accuracy(engine, data, dtype, rows_per_rank):
 def main(argv=None):
     comm = Communicator()
     try:
+        mismatch = launch_mismatch(comm.size, os.environ)
+        if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
+            if launcher_rank(os.environ) == 0:
+                print(f"zerompi: error: {mismatch}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
         try:
             cfg, error = parse_args(sys.argv[1:] if argv is None else argv, comm.rank), None
         except ArgumentError as e:
@@ -214,7 +215,8 @@ def main(argv=None):
         comm.check_all(check_config(cfg, comm.size))
         # progress goes to stderr when stdout must hold nothing but the JSON report
         out = sys.stderr if cfg.report == "json" else sys.stdout
-        with threadpool_limits(limits=blas_threads_per_rank(comm)):
+        threads = blas_threads(comm.ranks_on_this_node(), os.environ, len(os.sched_getaffinity(0)))
+        with threadpool_limits(limits=threads):
             run(cfg, comm, out)
     except SystemExit:
         raise

@@ -1,0 +1,51 @@
+"""Launch sanity and per-rank resources, checked before any collective.
+
+A launcher and an MPI library that do not match (srun with the wrong --mpi plugin, or the mpirun
+of another MPI than the one mpi4py loaded) start N processes that each initialize MPI alone: N
+separate jobs of size 1, each training on its own and each believing it is rank 0. Nothing fails;
+the run is just silently wrong. The launcher tells its processes how many they are, in its own
+environment variables; if that number differs from what MPI reports, stop and say what to fix.
+
+    variable               set by
+    SLURM_STEP_NUM_TASKS   srun (the tasks of this job step)
+    PMI_SIZE               MPICH's hydra mpiexec, srun --mpi=pmi2, Intel MPI
+    OMPI_COMM_WORLD_SIZE   Open MPI's mpirun (prterun)
+    PMIX_SIZE              some PMIx launchers
+
+BLAS threads per rank: OMP_NUM_THREADS when the user (or a Slurm script, from --cpus-per-task)
+set it, else the cores this process may use divided by the ranks on its node, at least 1.
+"""
+import os
+
+LAUNCHER_SIZE_VARIABLES = ("SLURM_STEP_NUM_TASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
+LAUNCHER_RANK_VARIABLES = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launch_mismatch(mpi_size, environ):
+    """One-line error when the launcher started a different number of processes than MPI sees."""
+    for name in LAUNCHER_SIZE_VARIABLES:
+        value = environ.get(name, "")
+        if value.isdigit() and int(value) != mpi_size:
+            return (f"the launcher started {value} processes ({name}={value}) but MPI sees {mpi_size} "
+                    f"rank{'s' if mpi_size != 1 else ''}: the launcher and the MPI library mpi4py loaded do "
+                    f"not match, so each process runs alone. Use the mpirun of that library (see "
+                    f"`python -m mpi4py --mpi-library`), or the matching srun plugin: --mpi=pmi2 for "
+                    f"MPICH or Intel MPI, --mpi=pmix for Open MPI (`srun --mpi=list`)")
+    return None
+
+
+def launcher_rank(environ):
+    """This process's rank as the launcher numbered it (0 when unknown)."""
+    for name in LAUNCHER_RANK_VARIABLES:
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def blas_threads(ranks_on_node, environ, cores):
+    """BLAS threads for one rank."""
+    explicit = environ.get("OMP_NUM_THREADS", "")
+    if explicit.isdigit() and int(explicit) > 0:
+        return int(explicit)
+    return max(1, cores // ranks_on_node)
