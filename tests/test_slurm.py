@@ -1,0 +1,135 @@
+"""The batch scripts in slurm/ on a real Slurm: Debian's slurmctld, slurmd and munge on localhost,
+brought up by tests/slurm/local_slurm.sh (root needed; .ci/run installs the packages).
+
+    every CPU script        sbatch --wait trains and exits 0, logs and weights in its per-job folder
+    preemption + requeue    a job signalled mid-run checkpoints, requeues itself, resumes, and its
+                            final weights equal an uninterrupted run's, bit for bit
+    wrong srun --mpi        N lone single-rank jobs are caught: one error line, exit 2
+    GPU scripts             bash -n (no GPUs here to submit them to)
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from run_all import mpirun
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLURM_DIR = os.path.join(ROOT, "slurm")
+CPU_SCRIPTS = ["cpu_single_node.sbatch", "cpu_multi_node.sbatch"]
+GPU_SCRIPTS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(SLURM_DIR, "gpu_*.sbatch")))
+SMALL = ["--hidden", "16", "--log-every", "0", "--report", "none", "--batch-size", "128"]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A running single-node Slurm; skipped (outside CI) where it cannot be started."""
+    problem = None
+    if os.geteuid() != 0:
+        problem = "needs root to start slurmctld, slurmd and munged"
+    elif not shutil.which("slurmctld"):
+        problem = "Slurm is not installed (apt-get install slurmd slurmctld slurm-client munge)"
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"Slurm tests cannot run in CI: {problem}")
+        pytest.skip(problem)
+    subprocess.run([os.path.join(ROOT, "tests", "slurm", "local_slurm.sh"), "start"], check=True, timeout=120)
+    yield
+    subprocess.run(["scancel", "--user", "root"], timeout=60)
+    subprocess.run([os.path.join(ROOT, "tests", "slurm", "local_slurm.sh"), "stop"], timeout=60)
+
+
+def submit(script_or_wrap, tmp_path, *options, args=(), wait=True):
+    """sbatch from tmp_path with this Python first on PATH; returns (returncode, job id)."""
+    env = dict(os.environ, ZEROMPI_SLURM_DIR=SLURM_DIR,
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    command = ["sbatch", "--parsable", *options]
+    command += ["--wait"] if wait else []
+    command += [os.path.join(SLURM_DIR, script_or_wrap), *args] if script_or_wrap.endswith(".sbatch") \
+        else ["--wrap", script_or_wrap]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    job = result.stdout.strip().split(";")[0].splitlines()[0] if result.stdout.strip() else None
+    return result.returncode, job, result
+
+
+def job_output(tmp_path, job):
+    return "".join(open(p).read() for p in glob.glob(os.path.join(tmp_path, f"*{job}*.out")))
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
+def test_cpu_script_trains_and_exits_0(slurm, script, tmp_path):
+    # one node here: the multi-node script is submitted with its node count overridden
+    options = ["--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=1"] if "multi" in script else []
+    code, job, result = submit(script, tmp_path, *options, args=["--steps", "30", *SMALL])
+    output = job_output(tmp_path, job)
+    assert code == 0, result.stderr + output
+    (run_dir,) = glob.glob(os.path.join(tmp_path, "runs", f"*-{job}"))
+    log = open(os.path.join(run_dir, "train.log")).read()
+    assert "ZeRO stage 3 on 4 ranks" in log and "held-out accuracy" in log
+    assert os.path.exists(os.path.join(run_dir, "final.npz"))
+    assert open(os.path.join(run_dir, "checkpoints", "latest")).read().strip() == "step_00000030"
+
+
+@pytest.mark.timeout(400)
+def test_signalled_job_checkpoints_requeues_resumes_and_matches_an_uninterrupted_run(slurm, tmp_path):
+    flags = ["--steps", "3000", "--save-every", "1000", "--hidden", "16", "--log-every", "250", "--report", "none"]
+    code, job, result = submit("cpu_single_node.sbatch", tmp_path, args=flags, wait=False)
+    assert code == 0, result.stderr
+    run_dir = os.path.join(tmp_path, "runs", f"zerompi-cpu-{job}")
+    log = os.path.join(run_dir, "train.log")
+    deadline = time.time() + 120
+    while not (os.path.exists(log) and "step  250/3000" in open(log).read()):   # running and training
+        assert time.time() < deadline, job_output(tmp_path, job)
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, timeout=60)
+    deadline = time.time() + 240
+    while True:                               # requeued jobs wait ~2 min to start again: skip that
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout
+        if "PENDING" in state and "BeginTime" in state:
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=60)
+        if not state.strip():
+            break
+        assert time.time() < deadline, job_output(tmp_path, job)
+        time.sleep(0.5)
+    output = job_output(tmp_path, job)
+    assert "preemption signal" in output and "requeueing" in output, output
+    text = open(log).read()
+    assert text.count("signalled: checkpoint written") == 1 and "resumed from" in text, text
+    assert "restart 1" in output
+    reference = tmp_path / "uninterrupted.npz"
+    subprocess.run([mpirun(), "-n", "4", sys.executable, "-m", "zerompi.train", "--steps", "3000", "--hidden", "16",
+                    "--log-every", "0", "--report", "none", "--save-weights", str(reference)],
+                   check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    with np.load(reference) as want, np.load(os.path.join(run_dir, "final.npz")) as got:
+        assert sorted(want.files) == sorted(got.files)
+        for name in want.files:
+            assert np.array_equal(want[name], got[name]), name
+
+
+@pytest.mark.timeout(300)
+def test_wrong_srun_mpi_plugin_is_caught_once(slurm, tmp_path):
+    code, job, result = submit(f"srun --mpi=none {sys.executable} -m zerompi.train --steps 2", tmp_path,
+                               "--ntasks=3", "--output=wrong-%j.out")
+    output = job_output(tmp_path, job)
+    assert code != 0
+    assert output.count("zerompi: error:") == 1, output
+    assert "SLURM_STEP_NUM_TASKS=3" in output and "MPI sees 1 rank" in output
+
+
+@pytest.mark.parametrize("script", CPU_SCRIPTS + GPU_SCRIPTS)
+def test_every_script_is_valid_bash(script):
+    subprocess.run(["bash", "-n", os.path.join(SLURM_DIR, script)], check=True, timeout=30)
+
+
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
+def test_cpu_scripts_pass_sbatch_test_only(slurm, script, tmp_path):
+    options = ["--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=2"] if "multi" in script else []
+    result = subprocess.run(["sbatch", "--test-only", *options, os.path.join(SLURM_DIR, script)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "to start at" in result.stderr, result.stderr
