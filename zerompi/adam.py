@@ -17,7 +17,9 @@ that holds master, m and v for its owned range only, and the reduced gradient fo
 computes exactly the update that single-process Adam computes for those elements.
 
 The update runs in place over chunks of CHUNK elements with preallocated scratch of that size,
-so it allocates nothing per step and keeps each chunk in cache across its passes.
+so it allocates nothing per step and keeps each chunk in cache across its passes. A full-precision
+gradient is unscaled or clipped in place (it is not needed afterwards); a 16-bit one is widened
+into a second chunk-sized scratch.
 """
 import math
 from dataclasses import dataclass
@@ -46,7 +48,8 @@ class AdamW:
         self.v = ledger.alloc("optimizer", "adam.v", (numel,), dtype)
         chunk = min(numel, CHUNK)
         self.scratch = ledger.alloc("work", "adam.scratch", (chunk,), dtype)
-        self.grad_scratch = ledger.alloc("work", "adam.grad_scratch", (chunk,), dtype)
+        self.grad_scratch = (ledger.alloc("work", "adam.grad_scratch", (chunk,), dtype)   # 16-bit grads widened
+                             if precision.mixed else None)
         self.t = 0
 
     def begin_step(self):
@@ -65,9 +68,10 @@ class AdamW:
             hi = min(lo + CHUNK, param.size)
             p, g, m_c, v_c = master[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi]
             s = self.scratch[:hi - lo]
-            if grad_multiplier != 1.0 or g.dtype != p.dtype:
-                g = np.multiply(g, grad_multiplier, out=self.grad_scratch[:hi - lo],
-                                dtype=self.grad_scratch.dtype)   # widened first, then unscaled
+            if self.grad_scratch is not None:        # 16-bit gradient: widen, then unscale / clip
+                g = np.multiply(g, grad_multiplier, out=self.grad_scratch[:hi - lo], dtype=p.dtype)
+            elif grad_multiplier != 1.0:
+                g *= grad_multiplier                 # in place: the gradient is not needed after this
             p *= decay                          # p = p (1 - lr wd)
             m_c *= c.beta1
             np.multiply(g, 1.0 - c.beta1, out=s)

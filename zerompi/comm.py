@@ -46,6 +46,7 @@ class Communicator:
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
         self.ledger = CommLedger()
+        self.staging_full = self.staging_shard = None   # see reserve_staging
 
     def reserve_staging(self, memory, max_elements, reduce_dtype):
         """Staging for reductions that cannot run on the buffer itself: 16-bit buffers (widened

@@ -28,10 +28,10 @@ class Engine:
             self.zero.set_unit_params(unit, init_unit_values(unit, seed))
 
 
-def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None):
+def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None, micro_batches=1):
     comm = comm if comm is not None else Communicator()
     layout = Layout(sizes, comm.size)
     memory = MemoryLedger()
-    zero = STAGES[stage](layout, comm, memory, precision, adam_config)
-    mlp = MLP(layout, batch_rows, precision, memory)
+    zero = STAGES[stage](layout, comm, memory, precision, adam_config, micro_batches)
+    mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
     return Engine(layout, comm, memory, zero, mlp)

@@ -6,12 +6,14 @@ never from a formula. The report then prints these counts beside the formulas of
 
 MemoryLedger: every buffer of the training state is allocated through `alloc`, by kind:
     params, grads, optimizer   the model state that ZeRO partitions (compared with the formulas)
-    work                       one-unit buffers of stages 2-3, Adam's chunk scratch
+    work                       one-unit buffers (stage 2-3 gradient bucket and parameter gather,
+                               float32 staging for 16-bit reductions and compute), Adam's chunk
+                               scratch: each allocated only where its code path runs
     activations                the forward/backward activation buffers of the local batch
 Nothing is allocated or freed inside the training loop, so the live total is also the peak. The
 OS-measured peak resident set size (getrusage) is reported beside it.
 
-CommLedger: every collective records its operation, its purpose (grads, params, metrics, io),
+CommLedger: every collective records its operation, its purpose (grads, params, metrics, control, io),
 the bytes of the buffer handed to MPI, the per-rank ring volume, and its wall time.
 Ring volume per rank for a buffer of n elements over N ranks (the standard ring algorithms):
     reduce-scatter  n (N-1)/N        all-gather  n (N-1)/N        all-reduce  2 n (N-1)/N
@@ -41,10 +43,6 @@ class MemoryLedger:
         return buffer
 
     @property
-    def model_state_bytes(self):
-        return sum(self.bytes_by_kind[k] for k in ("params", "grads", "optimizer"))
-
-    @property
     def total_bytes(self):
         return sum(self.bytes_by_kind.values())
 
@@ -56,24 +54,19 @@ class MemoryLedger:
 
 class CommLedger:
     def __init__(self):
-        # (op, purpose) -> [calls, buffer bytes, ring bytes, ring elements, seconds]
-        self.entries = defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0])
+        # (op, purpose) -> [calls, ring bytes, ring elements, seconds]
+        self.entries = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
 
     def record(self, op, purpose, buffer, num_ranks, seconds):
         """Record one collective on `buffer` (the full-size side: n elements for all ranks)."""
         ring = RING_FACTOR[op] * (num_ranks - 1) / num_ranks
         entry = self.entries[(op, purpose)]
         entry[0] += 1
-        entry[1] += buffer.nbytes
-        entry[2] += ring * buffer.nbytes
-        entry[3] += ring * buffer.size
-        entry[4] += seconds
+        entry[1] += ring * buffer.nbytes
+        entry[2] += ring * buffer.size
+        entry[3] += seconds
 
     def totals(self, purposes):
         """(calls, ring bytes, ring elements, seconds) summed over the given purposes."""
         rows = [e for (op, p), e in self.entries.items() if p in purposes]
-        return (sum(e[0] for e in rows), sum(e[2] for e in rows), sum(e[3] for e in rows),
-                sum(e[4] for e in rows))
-
-    def reset(self):
-        self.entries.clear()
+        return tuple(sum(e[i] for e in rows) for i in range(4))

@@ -33,7 +33,7 @@ def init_unit_values(unit, seed):
 
 
 class MLP:
-    def __init__(self, layout, batch_rows, precision, memory):
+    def __init__(self, layout, batch_rows, precision, memory, micro_batches=1):
         self.units = layout.units
         self.last = len(self.units) - 1
         alloc = memory.alloc
@@ -47,7 +47,8 @@ class MLP:
                              for u in self.units[1:]]
         self.param_work = (alloc("work", "mlp.param_work", (layout.max_unit_padded,), dtype)
                            if precision.mixed else None)
-        self.grad_work = alloc("work", "mlp.grad_work", (layout.max_unit_padded,), dtype)
+        self.grad_work = (alloc("work", "mlp.grad_work", (layout.max_unit_padded,), dtype)
+                          if precision.mixed or micro_batches > 1 else None)
 
     def load_input(self, x):
         """Copy a batch x (n, sizes[0]) into the first input buffer; returns the view used."""
@@ -87,7 +88,7 @@ class MLP:
             gelu_backward(d_out, self.pre[i][:n], self.tanh_u[i][:n], d_pre)
         d_x = None if i == 0 else self.d_x[i][:n]
         weight, _ = self.compute_params(unit, weight, bias)
-        if dweight.dtype == self.grad_work.dtype and not accumulate:
+        if self.param_work is None and not accumulate:   # full precision, first micro-batch
             linear_backward(d_pre, self.x[i][:n], weight, dweight, dbias, d_x)   # straight into place
             return d_x
         work_dweight, work_dbias = unit.views(self.grad_work[:unit.padded])

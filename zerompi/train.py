@@ -74,27 +74,32 @@ def load_data(cfg):
 
 
 class Progress:
-    """Sums of the steps since the last progress line, and the line itself (rank 0 prints)."""
+    """Sums of the steps since the last progress line, and the line itself (rank 0 prints).
+    Loss, accuracy and gradient norm average the applied steps; ms/step divides by all steps
+    (an fp16 step skipped for overflow took its time too)."""
 
     def __init__(self, cfg, comm, out):
         self.cfg, self.comm, self.out = cfg, comm, out
         self.loss = self.correct = self.norm = 0.0
-        self.steps = 0
+        self.applied = self.steps = 0
         self.since = time.perf_counter()
 
     def add(self, result):
-        self.loss += result.loss
-        self.correct += result.correct
-        self.norm += result.grad_norm
         self.steps += 1
+        if result.applied:
+            self.loss += result.loss
+            self.correct += result.correct
+            self.norm += result.grad_norm
+            self.applied += 1
 
     def print_line(self, step, lr, scaler):
-        cfg, n, now = self.cfg, self.steps, time.perf_counter()
+        cfg, n, now = self.cfg, max(self.applied, 1), time.perf_counter()
         scale = f" | loss scale {scaler.scale:g}" if scaler.enabled else ""
+        skipped = f" | {self.steps - self.applied} skipped" if self.applied < self.steps else ""
         self.comm.print0(f"step {step:>{len(str(cfg.steps))}}/{cfg.steps} | loss {self.loss / n:.4f}"
                          f" | train acc {100 * self.correct / (n * cfg.batch_size):5.1f}%"
-                         f" | grad norm {self.norm / n:.3g} | lr {lr:.2e}{scale}"
-                         f" | {1e3 * (now - self.since) / n:7.2f} ms/step", file=self.out)
+                         f" | grad norm {self.norm / n:.3g} | lr {lr:.2e}{scale}{skipped}"
+                         f" | {1e3 * (now - self.since) / self.steps:7.2f} ms/step", file=self.out)
         self.__init__(cfg, self.comm, self.out)
 
 
@@ -107,12 +112,12 @@ def run(cfg, comm, out):
     K = cfg.grad_accum
     rows = cfg.batch_size // (comm.size * K)                 # this rank's rows of one micro-batch
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
-    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm)
+    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, K)
     comm.check_all(check_writable(cfg.save_weights) if cfg.save_weights and comm.rank == 0 else None)
-    comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
     scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
                         cfg.min_loss_scale)
     first_step, note = start_from(engine, cfg, scaler)
+    comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
 
     x_train = data.x_train.astype(precision.compute)         # (samples, features)
     schedule = BatchSchedule(x_train.shape[0], cfg.batch_size, cfg.seed, cfg.shuffle)
@@ -147,8 +152,7 @@ def run(cfg, comm, out):
         if scaler.collapsed:
             stop(engine, cfg, f"step {step + 1}: the fp16 loss scale fell to {scaler.scale:g}, below "
                               f"--min-loss-scale {cfg.min_loss_scale:g}: gradients keep overflowing")
-        if result.applied:
-            progress.add(result)
+        progress.add(result)
         done = step + 1
         if cfg.log_every and progress.steps and (done % cfg.log_every == 0 or done == cfg.steps):
             progress.print_line(done, lr, scaler)

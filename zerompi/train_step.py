@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .layers import softmax_cross_entropy
+from .precision import is_16bit
 
 
 @dataclass
@@ -64,7 +65,7 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
             loss_part += micro_loss
             correct += micro_correct
         zero.reduce_grads()
-        sums = np.array([sum_of_squares(zero.owned_grads(), mlp.grad_work), loss_part, correct])
+        sums = np.array([sum_of_squares(zero.grad_partition(), mlp.grad_work), loss_part, correct])
     zero.comm.allreduce_sum(sums, "metrics")
     grad_norm = math.sqrt(sums[0]) / loss_scale
     result = StepResult(float(sums[1]), int(sums[2]), grad_norm, applied=False)
@@ -78,10 +79,10 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
 
 
 def sum_of_squares(arrays, scratch):
-    """sum of x^2 over the arrays, in the scratch's dtype (16-bit arrays are widened into it)."""
+    """sum of x^2 over the arrays; 16-bit arrays are widened into scratch (float32) first."""
     total = 0.0
     for a in arrays:
-        if a.dtype != scratch.dtype:
+        if is_16bit(a):
             widened = scratch[:a.size]
             widened[...] = a
             a = widened

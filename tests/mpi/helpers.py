@@ -22,7 +22,7 @@ def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro
     comm = comm if comm is not None else Communicator()
     rows = global_batch // (comm.size * micro_batches)
     return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), AdamConfig(weight_decay=WEIGHT_DECAY),
-                        rows, comm)
+                        rows, comm, micro_batches)
 
 
 def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.0):

@@ -100,6 +100,45 @@ def test_mixed_precision_equals_single_process_mixed_adamw(stage, sizes, dtype):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage", STAGES)
+def test_fp16_loss_scaling_unscales_exactly(stage):
+    """Adam's update m / sqrt(v) cannot tell a gradient from 1024 times it, so a forgotten unscale
+    would pass every weight comparison. Adam's first moment can: after one step it must be
+    (1 - beta1) times the unscaled gradient, and the reported norm must be the unscaled one."""
+    sizes = SIZES[0]
+    batches = make_batches(sizes, 1)
+    engine, results = train_zero(stage, sizes, np.float16, batches, loss_scale=1024.0)
+    x, labels = batches[0]
+    params16 = [(w.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32))
+                for w, b in initial_weights(sizes, 0)]
+    _, grads = loss_and_grads(params16, x.astype(np.float32), labels)
+    assert results[0].grad_norm == pytest.approx(global_norm(grads), rel=1e-2)
+    for unit, (dw, db) in zip(engine.layout.units, grads):
+        flat = np.concatenate([dw.ravel(), db.ravel(), np.zeros(unit.padded - unit.numel, np.float32)])
+        _, _, state, (lo, hi) = engine.zero.owned(unit)
+        np.testing.assert_allclose(engine.zero.adam.m[state], 0.1 * flat[lo:hi], rtol=2e-2, atol=1e-6)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_mixed_precision_accumulation_stays_within_the_mixed_tolerance(stage, dtype):
+    """16-bit gradients are added per micro-batch in 16 bits (README: the error grows with K);
+    at K = 2-3 the result stays within the mixed-precision tolerance above."""
+    sizes = SIZES[0]
+    batches = make_batches(sizes, STEPS)
+    k = micro_batches_for(MPI.COMM_WORLD.Get_size())
+    loss_scale = 1024.0 if dtype == np.float16 else 1.0
+    engine, results = train_zero(stage, sizes, dtype, batches, micro_batches=k, loss_scale=loss_scale)
+    assert all(r.applied for r in results)
+    got = consolidated(engine)
+    want, _ = reference(sizes, dtype, batches)
+    diffs = np.concatenate([np.abs(g - w).ravel() for got_layer, want_layer in zip(got, want)
+                            for g, w in zip(got_layer, want_layer)])
+    assert diffs.mean() <= LR / 20 and diffs.max() <= 2 * LR * STEPS
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", STAGES)
 def test_gradient_accumulation_equals_one_large_batch(stage):
     sizes = SIZES[0]
     batches = make_batches(sizes, STEPS)
@@ -187,10 +226,16 @@ def test_deterministic_run_after_run(stage, dtype):
 
 @pytest.mark.mpi
 def test_padding_stays_zero():
-    """Padding elements of every unit remain exactly zero after training (stages 0-2 hold them)."""
+    """Padding elements of every unit remain exactly zero after training: the parameters (stages
+    0-2 hold them), Adam's m, and the reduced gradient that Adam reads (stage 1 reduces in place)."""
     sizes = SIZES[0]
-    for stage in (0, 1, 2):
+    for stage in (0, 1, 2, 3):
         engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, STEPS))
+        zero = engine.zero
         for unit in engine.layout.units:
-            full = engine.zero.param_full[engine.layout.full_slice(unit)]
-            assert np.all(full[unit.numel:] == 0)
+            if stage <= 2:
+                full = zero.param_full[engine.layout.full_slice(unit)]
+                assert np.all(full[unit.numel:] == 0)
+            _, grad, state, (lo, hi) = zero.owned(unit)
+            real = max(0, min(hi, unit.numel) - lo)          # owned elements before the padding
+            assert np.all(grad[real:] == 0) and np.all(zero.adam.m[state][real:] == 0)

@@ -70,10 +70,9 @@ def test_comm_ledger_matches_mpi_calls_and_formula(stage):
         assert proxy.calls[name] == STEPS * expected_calls.get(name, 0), name
     counted = (2 * proxy.elements["Allreduce"] + proxy.elements["Reduce_scatter_block"]
                + proxy.elements["Allgather"]) * ring
-    calls, _, all_elements, seconds = ledger.totals({"grads", "params", "metrics"})
+    calls, _, all_elements, _ = ledger.totals({"grads", "params", "metrics"})
     assert calls == sum(proxy.calls.values())
     assert all_elements == pytest.approx(counted, rel=1e-12, abs=1e-9)
-    assert seconds >= 0
     metric_calls, _, metric_elements, _ = ledger.totals({"metrics"})
     assert metric_calls == STEPS and metric_elements == pytest.approx(STEPS * 2 * 3 * ring)
     _, _, elements, _ = ledger.totals({"grads", "params"})
@@ -101,7 +100,6 @@ def test_memory_ledger_matches_formula(stage, dtype):
         assert at_psi[kind] <= memory.bytes_by_kind[kind] <= at_psi[kind] + padding_bound
     # the ledger's numbers are the buffers' own sizes
     assert sum(b[4] for b in memory.buffers) == memory.total_bytes
-    assert memory.peak_rss_bytes() > memory.total_bytes
 
 
 @pytest.mark.mpi(min_size=2)

@@ -9,6 +9,7 @@
         rank00000.m.npy            params (the stored dtype), master (mixed precision only), m, v
         rank00000.v.npy
         rank00001.params.npy  ...
+      step_00000300.2/             the same step saved again after a resume from an earlier one
       .partial-step_00000400/      a save in progress, or one that was killed: never read
 
 Every shard file is a standard .npy holding a 1-D array of the writer's shard_numel elements
@@ -26,6 +27,7 @@ manifest.json:
     format "zerompi-checkpoint", version 1
     step, adam_steps, loss_scale, loss_scale_good_steps      where training stands
     seed, shuffle, batch_size                                 how the data order continues
+    run: {steps, lr, lr_schedule, ...}                        the writer's other settings
     stage, ranks, dtype, sizes                                who wrote it (any stage/N can read it)
     units: [{names, shapes, numel, padded, shard_size, shard_offset}]   the writer's layout
     kinds: {kind: dtype}                                      params, [master,] m, v

@@ -40,4 +40,6 @@ def load_checkpoint(engine, folder):
         for kind, array in optimizer_arrays:
             array[state] = reader.read_range(unit.index, kind, lo, hi, reader.kinds[kind])
     zero.adam.t = int(manifest["adam_steps"])
-    return {key: manifest[key] for key in TRAINING_STATE}
+    state = {key: manifest[key] for key in TRAINING_STATE}
+    state["run"] = manifest.get("run", {})        # the settings of the run that wrote it
+    return state

@@ -5,8 +5,9 @@
                   then read it back to compute its blocks' CRC-32s                  -- all agree --
     gather        the CRCs and data offsets to rank 0 (one buffer Gather)
     rank 0        write manifest.json (fsync), fsync the folder, rename
-                  .partial-step_K -> step_K, fsync save_dir, then write `latest`
-                  (tmp + fsync + rename); finally delete checkpoints beyond keep_last  -- all agree --
+                  .partial-step_K -> step_K (step_K.2 if a step_K exists already), fsync
+                  save_dir, then write `latest` (tmp + fsync + rename); finally delete the
+                  checkpoints before it beyond keep_last                            -- all agree --
 
 A kill at any moment leaves `latest` pointing at the previous complete checkpoint: a partial folder
 is never read, and `latest` moves only after the rename. Each "all agree" is one small all-reduce
@@ -20,6 +21,7 @@ range, so the files have the same shape for every stage.
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 
@@ -112,8 +114,8 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
             manifest = build_manifest(engine, training_state, kinds, all_crcs, all_offsets)
             write_text_atomically(os.path.join(partial, MANIFEST), manifest)
             fsync_folder(partial)
-            publish(save_dir, partial, name)
-            rotate(save_dir, keep_last)
+            published = publish(save_dir, partial, name)
+            rotate(save_dir, keep_last, published)
         except OSError as e:
             error = f"cannot complete checkpoint {os.path.join(save_dir, name)}: {e.strerror or e}"
     comm.any_failed(error)
@@ -146,22 +148,34 @@ def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
 
 
 def publish(save_dir, partial, name):
-    """Rename the complete folder into place, then move `latest` to it."""
-    final = os.path.join(save_dir, name)
-    if os.path.exists(final):                       # the same step saved again (after a resume)
-        shutil.rmtree(final)
-    os.rename(partial, final)
+    """Rename the complete folder into place, then move `latest` to it; returns the folder's name.
+    A step saved again (after resuming from an earlier step) gets a new name (step_K.2, ...), so
+    no complete checkpoint is ever replaced in place: `latest` always names a complete folder."""
+    final, copy = name, 1
+    while os.path.exists(os.path.join(save_dir, final)):
+        copy += 1
+        final = f"{name}.{copy}"
+    os.rename(partial, os.path.join(save_dir, final))
     fsync_folder(save_dir)
-    write_text_atomically(os.path.join(save_dir, LATEST), name + "\n")
+    write_text_atomically(os.path.join(save_dir, LATEST), final + "\n")
+    return final
 
 
-def rotate(save_dir, keep_last):
-    """Delete all but the newest keep_last complete checkpoints (0: keep all)."""
+def checkpoint_order(folder_name):
+    """(step, copy) of 'step_00000300' or 'step_00000300.2', or None for other names."""
+    match = re.fullmatch(r"step_(\d+)(?:\.(\d+))?", folder_name)
+    return (int(match.group(1)), int(match.group(2) or 1)) if match else None
+
+
+def rotate(save_dir, keep_last, newest):
+    """Keep `newest` (just published) and the keep_last - 1 checkpoints before it (0: keep all).
+    Folders of later steps, left by a run this one resumed before, are not touched."""
     if keep_last <= 0:
         return
-    folders = sorted(d for d in os.listdir(save_dir) if d.startswith("step_") and
-                     os.path.isdir(os.path.join(save_dir, d)))
-    for old in folders[:-keep_last]:
+    newest_order = checkpoint_order(newest)
+    older = sorted((order, d) for d in os.listdir(save_dir)
+                   if (order := checkpoint_order(d)) is not None and order < newest_order)
+    for _, old in older[:max(0, len(older) - (keep_last - 1))]:
         shutil.rmtree(os.path.join(save_dir, old))
 
 

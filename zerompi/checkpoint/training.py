@@ -2,7 +2,9 @@
 
     start:   --resume [FOLDER] loads a checkpoint (any N, any stage), else --init-weights, else
              the seeded initialization; the run continues at the checkpoint's step, with its
-             loss scale and Adam step count, and the same data order (same seed, batch, shuffle)
+             loss scale and Adam step count, and the same data order (same seed, batch, shuffle:
+             required); other settings that shape the rest of the run (steps and the learning-
+             rate schedule, accumulation, clipping, data) may change, and the log says so
     save:    every --save-every steps, at the end, and when preempted, into --save-dir
     preempt: SIGTERM or SIGUSR1 (what Slurm sends before a time limit) only sets a flag; after
              each step one all-reduce tells every rank whether any rank got the signal, so all
@@ -38,6 +40,8 @@ def start_from(engine, cfg, scaler):
             engine.init_params(cfg.seed)
     except (CheckpointError, WeightsError) as e:
         error = str(e)
+    if error is None:
+        error = _unrepresentable(engine, cfg.init_weights or folder)
     comm.check_all(error)
     if cfg.resume == "latest" and folder is None:
         note = f"no checkpoint in {cfg.save_dir} yet: starting from step 0"
@@ -45,7 +49,33 @@ def start_from(engine, cfg, scaler):
         return 0, note
     if scaler.enabled:
         scaler.scale, scaler.good_steps = state["loss_scale"], state["loss_scale_good_steps"]
-    return state["step"], f"resumed from {folder} at step {state['step']}"
+    changed = [f"{flag} {state['run'][key]} -> {value}" for key, flag, value in _run_settings(cfg)
+               if key in state["run"] and state["run"][key] != value]
+    note = f"resumed from {folder} at step {state['step']}"
+    if changed:
+        note += (f"; note: {', '.join(changed)} since the checkpoint: the run continues from there, but "
+                 f"not as the uninterrupted run would have")
+    return state["step"], note
+
+
+RUN_SETTINGS = (("steps", "--steps"), ("lr", "--lr"), ("lr_schedule", "--lr-schedule"),
+                ("warmup_steps", "--warmup-steps"), ("min_lr", "--min-lr"), ("grad_accum", "--grad-accum"),
+                ("clip_norm", "--clip-norm"), ("weight_decay", "--weight-decay"), ("data", "--data"))
+
+
+def _run_settings(cfg):
+    """(key, flag, value) of the settings that shape the rest of the run, recorded in checkpoints."""
+    return [(key, flag, getattr(cfg, key)) for key, flag in RUN_SETTINGS]
+
+
+def _unrepresentable(engine, source):
+    """An error if the starting weights do not fit the storage dtype (fp16 ends at 65504)."""
+    for unit in engine.layout.units:
+        held, _ = engine.zero.held_params(unit)
+        if not np.all(np.isfinite(held)):
+            return (f"{source or 'the initial weights'}: layer {unit.index} has values beyond the range of "
+                    f"{engine.zero.precision.name} (float16 ends at 65504): train in bf16 or float32")
+    return None
 
 
 def _data_order_mismatch(state, cfg, folder):
@@ -59,7 +89,8 @@ def _data_order_mismatch(state, cfg, folder):
 def save_training_checkpoint(engine, cfg, step, scaler):
     """Collective: checkpoint after `step` steps into --save-dir; exits on failure (status 2)."""
     state = {"step": step, "loss_scale": scaler.scale, "loss_scale_good_steps": scaler.good_steps,
-             "seed": cfg.seed, "shuffle": cfg.shuffle, "batch_size": cfg.batch_size}
+             "seed": cfg.seed, "shuffle": cfg.shuffle, "batch_size": cfg.batch_size,
+             "run": {key: value for key, _, value in _run_settings(cfg)}}
     engine.comm.check_all(save_checkpoint(engine, cfg.save_dir, state, cfg.keep_last))
 
 

@@ -10,7 +10,7 @@ The training step (zerompi/train_step.py) calls, per micro-batch and per unit (o
 and then, once per optimizer step:
 
     zero.reduce_grads()         finish the gradient reduction (stages 0-1; stages 2-3 did it in backward)
-    zero.owned_grads()          the reduced gradient this rank owns (for the global norm)
+    zero.grad_partition()       the reduced gradient, each element on exactly one rank (global norm)
     zero.update(lr, multiplier) Adam on what this rank owns
     zero.gather_params()        bring every rank's updated parameters to all ranks (stages 1-2)
 
@@ -31,15 +31,16 @@ shard and overrides them.
 class ZeroStage:
     stage = None
 
-    def __init__(self, layout, comm, memory, precision, adam_config):
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
         self.layout = layout          # where every unit lives in the flat buffers
         self.comm = comm              # the ledgered communicator
         self.memory = memory          # the memory ledger every buffer is allocated from
         self.precision = precision    # storage dtype of params and grads, compute dtype
-        self.dtype = precision.storage
-        self.adam_config = adam_config
         self.first_micro_batch = True
-        comm.reserve_staging(memory, layout.max_unit_padded, precision.compute)
+        # the communicator needs staging to reduce 16-bit buffers, and to add each micro-batch's
+        # reduce-scatter into the gradient shard (stages 2-3); otherwise it reduces in place
+        if precision.mixed or (micro_batches > 1 and self.stage >= 2):
+            comm.reserve_staging(memory, layout.max_unit_padded, precision.compute)
 
     # ---- parameters (replicated in stages 0-2)
     def store_unit_params(self, unit, values):
@@ -81,7 +82,8 @@ class ZeroStage:
     def reduce_grads(self):
         """Nothing left to reduce by default."""
 
-    def owned_grads(self):
+    def grad_partition(self):
+        """The reduced gradient, each element on exactly one rank: what this rank owns."""
         return [self.owned(unit)[1] for unit in self.layout.units]
 
     def update(self, lr, grad_multiplier):

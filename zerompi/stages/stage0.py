@@ -22,8 +22,8 @@ from .base import ZeroStage
 class Stage0(ZeroStage):
     stage = 0
 
-    def __init__(self, layout, comm, memory, precision, adam_config):
-        super().__init__(layout, comm, memory, precision, adam_config)
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
+        super().__init__(layout, comm, memory, precision, adam_config, micro_batches)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
@@ -34,9 +34,9 @@ class Stage0(ZeroStage):
         full = self.layout.full_slice(unit)
         return self.param_full[full], self.grad_full[full], full, (0, unit.padded)
 
-    def owned_grads(self):
-        """For the global gradient norm, each rank counts only its owned range of each unit: every
-        rank holds all of them, and the all-reduce of the sums must count each element once."""
+    def grad_partition(self):
+        """Every rank holds (and 'owns', for Adam) all of the gradient, but the global norm's
+        all-reduce must count each element once: here each rank offers its shard's range."""
         return [self.grad_full[self.layout.owned_slice(unit, self.comm.rank)] for unit in self.layout.units]
 
     def before_backward(self, unit):

@@ -32,8 +32,8 @@ class Stage1(Stage0):
 
     stage = 1
 
-    def __init__(self, layout, comm, memory, precision, adam_config):
-        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config)
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
+        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
@@ -46,13 +46,15 @@ class Stage1(Stage0):
         return (self.param_full[self.layout.owned_slice(unit, rank)], grad_shard,
                 self.layout.shard_slice(unit), unit.owned_range(rank))
 
-    # The owned ranges partition the model again (stage 0's every-rank-owns-all did not), so
-    # the global gradient norm can sum the owned gradients as they are: the base class's way.
-    owned_grads = ZeroStage.owned_grads
+    # The owned ranges partition the model again (stage 0's every-rank-owns-all did not): the
+    # base class's grad_partition, the owned gradients, serves the global norm again.
+    grad_partition = ZeroStage.grad_partition
 
     def reduce_grads(self):
         for unit in self.layout.units:                   # g[owned] = sum_r g_r[owned]
-            self.comm.reduce_scatter_sum_in_place(self.grad_full[self.layout.full_slice(unit)], "grads")
+            grad = self.grad_full[self.layout.full_slice(unit)]
+            grad[unit.numel:] = 0                        # padding: the last in-place reduce left garbage there
+            self.comm.reduce_scatter_sum_in_place(grad, "grads")
 
     def gather_params(self):
         for unit in self.layout.units:                   # p = concat_r p[owned by r]

@@ -31,8 +31,8 @@ class Stage2(Stage1):
 
     stage = 2
 
-    def __init__(self, layout, comm, memory, precision, adam_config):
-        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config)
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
+        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)

@@ -33,8 +33,8 @@ class Stage3(Stage2):
 
     stage = 3
 
-    def __init__(self, layout, comm, memory, precision, adam_config):
-        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config)   # no param_full
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
+        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches)   # no param_full
         dtype = precision.storage
         self.param_shard = memory.alloc("params", "param_shard", (layout.shard_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
