@@ -117,6 +117,8 @@ def run(cfg, comm, out):
     scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
                         cfg.min_loss_scale)
     first_step, note = start_from(engine, cfg, scaler)
+    comm.check_all(f"the checkpoint is at step {first_step}, past --steps {cfg.steps}: pass a larger --steps"
+                   if first_step > cfg.steps else None)
     comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
 
     x_train = data.x_train.astype(precision.compute)         # (samples, features)

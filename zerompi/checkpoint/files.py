@@ -193,11 +193,21 @@ def read_manifest(folder):
         if m["format"] != FORMAT or m["version"] != VERSION:
             raise CheckpointError(f"{path}: format {m['format']!r} version {m['version']!r}, expected "
                                   f"{FORMAT!r} version {VERSION}")
-        ranks = int(m["ranks"])
+        for key in ("ranks", "step", "adam_steps", "loss_scale_good_steps", "block_bytes"):
+            if not isinstance(m[key], int) or isinstance(m[key], bool) or m[key] < 0:
+                raise CheckpointError(f"{path}: {key} must be a non-negative integer, not {m[key]!r}")
+        if m["ranks"] < 1 or m["block_bytes"] < 1:
+            raise CheckpointError(f"{path}: ranks and block_bytes must be positive")
+        ranks = m["ranks"]
         kinds = m["kinds"]
+        shard_offset = 0
         for unit in m["units"]:
-            if unit["padded"] != unit["shard_size"] * ranks or not 0 < unit["numel"] <= unit["padded"]:
-                raise CheckpointError(f"{path}: inconsistent unit layout {unit}")
+            numel = sum(int(np.prod(shape)) for shape in unit["shapes"])
+            if (unit["numel"] != numel or unit["padded"] != unit["shard_size"] * ranks
+                    or not 0 < unit["numel"] <= unit["padded"] or unit["shard_offset"] != shard_offset):
+                raise CheckpointError(f"{path}: inconsistent layout for {unit.get('names')}: numel, "
+                                      f"padded, shard_size and shard_offset do not fit its shapes and {ranks} ranks")
+            shard_offset += unit["shard_size"]
         for name in kinds.values():
             dtype_named(name)
         expected = {(r, k) for r in range(ranks) for k in kinds}

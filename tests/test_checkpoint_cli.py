@@ -1,0 +1,391 @@
+"""Checkpoints end to end: `mpirun -n N python -m zerompi.train --save-dir ...` with real signals and kills.
+
+    exact resume      a run resumed from its step-20 checkpoint ends bitwise where the
+                      uninterrupted run ends: every stage, float32, bf16 and fp16 (loss scaler state)
+    reshard           a (N=2, stage 3) checkpoint resumed at (N=3, stage 1) and (N=1, stage 0)
+    preemption        SIGUSR1 / SIGTERM to mpirun: exit 4, one "signalled" line, a complete checkpoint
+                      at that step; --resume finishes bitwise like an uninterrupted run
+    kill during save  rank 1 SIGKILLs itself inside the step-20 save: no hang, `latest` still names
+                      step 10, and resuming gives the uninterrupted run's weights
+    rotation          --keep-last
+    flags             --resume on an empty --save-dir, conflicting flags, a changed data order,
+                      resuming a finished run, a corrupt checkpoint found by one rank only
+
+Every launch has a wall-clock limit and runs in its own session, so a hang is killed and fails the
+test. Runs are tiny (32-9-7-10 MLP on the synthetic data, 30 steps).
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from test_cli import ERROR_MARK, Run, _mpirun, files_under, load_weights
+
+TIMEOUT = 120                   # seconds for one launch before it is killed
+COMMON = ["--hidden", "9,7", "--batch-size", 12, "--data", "synthetic", "--report", "none",
+          "--log-every", 0]
+STEP10, STEP20, STEP30 = "step_00000010", "step_00000020", "step_00000030"
+
+
+def launch(n, *flags, cwd, env=None, timeout=TIMEOUT):
+    """`mpirun -n n python -m zerompi.train *flags` in cwd (optionally with env): a Run, never a hang."""
+    args = [_mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.train", *map(str, flags)]
+    start = time.perf_counter()
+    process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                               stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"timed out after {timeout} s: {' '.join(args)}\n--- stdout ---\n{stdout}"
+                    f"\n--- stderr ---\n{stderr}")
+    return Run(args, process.returncode, stdout, stderr, time.perf_counter() - start)
+
+
+def _kill_group(process):
+    try:
+        os.killpg(process.pid, signal.SIGKILL)          # mpirun and every rank it started
+    except ProcessLookupError:
+        pass
+
+
+def train_ok(n, *flags, cwd, env=None):
+    run = launch(n, *flags, cwd=cwd, env=env)
+    assert run.returncode == 0, run.describe()
+    assert ERROR_MARK not in run.output and "Traceback" not in run.output, run.describe()
+    return run
+
+
+def fails_once(run, code, *keywords):
+    """The run exited with `code` after exactly one error line holding every keyword; returns it."""
+    assert run.returncode == code, run.describe()
+    assert run.output.count(ERROR_MARK) == 1 and "Traceback" not in run.output, run.describe()
+    line = next(line for line in run.output.splitlines() if ERROR_MARK in line)
+    for keyword in keywords:
+        assert keyword in line, run.describe()
+    return line
+
+
+def inspect_ok(target, cwd):
+    result = subprocess.run([sys.executable, "-m", "zerompi.checkpoint", "inspect", target], cwd=cwd,
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, f"inspect {target}: {result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def latest_name(save_dir):
+    return (save_dir / "latest").read_text().strip()
+
+
+def manifest_of(folder):
+    with open(folder / "manifest.json") as f:
+        return json.load(f)
+
+
+def snapshot(folder):
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(root, name), folder)] = None
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                out[os.path.relpath(os.path.join(root, name), folder)] = f.read()
+    return out
+
+
+def assert_bitwise_equal(got, want, what):
+    assert sorted(got) == sorted(want), what
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, (what, name)
+        assert got[name].tobytes() == want[name].tobytes(), (
+            f"{what}: {name} differs, max |diff| {np.max(np.abs(got[name] - want[name])):.3g}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """uninterrupted(n, *flags): the final weights of a plain run with those flags (cached)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    cache = {}
+
+    def get(n, *flags):
+        key = (n, *map(str, flags))
+        if key not in cache:
+            folder = root / f"run{len(cache)}"
+            folder.mkdir()
+            train_ok(n, *flags, "--save-weights", "w.npz", cwd=folder)
+            cache[key] = load_weights(folder / "w.npz")
+        return cache[key]
+    return get
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact resume
+# ----------------------------------------------------------------------------------------------
+
+RESUME_CASES = ([(stage, "float32") for stage in range(4)] + [(stage, "bf16") for stage in range(4)] +
+                [(1, "fp16"), (3, "fp16")])
+
+
+@pytest.mark.parametrize("stage, dtype", RESUME_CASES)
+def test_resume_from_the_step_20_checkpoint_is_bitwise_exact(stage, dtype, uninterrupted, tmp_path):
+    flags = ["--stage", stage, "--dtype", dtype, "--steps", 30, *COMMON]
+    if dtype == "fp16":               # the scale doubles at steps 7, 14, 21, 28: resuming at 20 must
+        flags += ["--loss-scale-window", 7]     # restore both the scale and the good-step count
+    want = uninterrupted(2, *flags)
+    first = train_ok(2, *flags, "--save-dir", "ck", "--save-every", 10, "--save-weights", "b.npz", cwd=tmp_path)
+    save_dir = tmp_path / "ck"
+    assert sorted(os.listdir(save_dir)) == ["latest", STEP10, STEP20, STEP30]
+    assert latest_name(save_dir) == STEP30
+    assert_bitwise_equal(load_weights(tmp_path / "b.npz"), want, "saving checkpoints changed the run")
+    if dtype == "fp16":
+        raised = re.findall(r"^step (\d+): 7 good steps: loss scale raised", first.stdout, re.M)
+        assert "21" in raised, first.describe()
+        assert manifest_of(save_dir / STEP20)["loss_scale_good_steps"] == 6
+
+    shutil.rmtree(save_dir / STEP30)
+    (save_dir / "latest").write_text(STEP20 + "\n")
+    run = train_ok(2, *flags, "--save-dir", "ck", "--resume", "--save-weights", "c.npz", cwd=tmp_path)
+    assert run.stdout.count(f"resumed from ck/{STEP20} at step 20") == 1, run.describe()
+    assert_bitwise_equal(load_weights(tmp_path / "c.npz"), want, f"resumed stage {stage} {dtype}")
+    assert latest_name(save_dir) == STEP30 and manifest_of(save_dir / STEP30)["step"] == 30
+
+
+def test_resume_reshards_onto_other_rank_counts_and_stages(tmp_path):
+    flags = ["--dtype", "float64", "--steps", 30, "--hidden", "9,7", "--batch-size", 24, "--data", "synthetic",
+             "--log-every", 0, "--report", "json"]
+    train_ok(2, "--stage", 3, *flags, "--save-dir", "ck", "--save-every", 10, "--save-weights", "a.npz",
+             cwd=tmp_path)
+    want = load_weights(tmp_path / "a.npz")
+    for n, stage in ((3, 1), (1, 0)):
+        run = train_ok(n, "--stage", stage, *flags, "--resume", f"ck/{STEP20}", "--save-weights", f"r{n}.npz",
+                       cwd=tmp_path)
+        assert f"resumed from ck/{STEP20} at step 20" in run.stderr, run.describe()
+        report = json.loads(run.stdout)
+        assert report["steps"] == 10 and report["ranks"] == n and report["stage"] == stage
+        got = load_weights(tmp_path / f"r{n}.npz")
+        assert sorted(got) == sorted(want)
+        for name, w in want.items():
+            assert got[name].dtype == np.float64 and got[name].shape == w.shape
+            relative = np.max(np.abs(got[name] - w)) / np.max(np.abs(w))
+            assert relative <= 1e-12, f"{name}: relative difference {relative:.3g} (N={n}, stage {stage})"
+
+
+# ----------------------------------------------------------------------------------------------
+# Preemption: a real signal to mpirun
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
+def test_signal_writes_a_checkpoint_exits_4_and_resume_is_exact(signum, uninterrupted, tmp_path):
+    flags = ["--stage", 2, "--lr-schedule", "constant", *COMMON]    # constant: lr does not depend on --steps
+    args = [_mpirun(), "-n", "2", sys.executable, "-m", "zerompi.train", "--steps", "1000000",
+            "--save-dir", "ck", *map(str, flags), "--log-every", "20"]
+    process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    stdout, stderr, progress = [], [], threading.Event()
+
+    def read(stream, lines, on_progress=None):
+        for line in stream:
+            lines.append(line)
+            if on_progress and line.startswith("step ") and "| loss" in line:
+                on_progress.set()
+    readers = [threading.Thread(target=read, args=(process.stdout, stdout, progress), daemon=True),
+               threading.Thread(target=read, args=(process.stderr, stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        assert progress.wait(60), f"no progress line within 60 s\n{''.join(stdout)}{''.join(stderr)}"
+        process.send_signal(signum)                     # to mpirun only: hydra forwards it to the ranks
+        returncode = process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 60 s after the signal\n{''.join(stdout)}{''.join(stderr)}")
+    finally:
+        if process.poll() is None:
+            _kill_group(process)
+            process.wait()
+        for reader in readers:
+            reader.join(10)
+    output = "".join(stdout) + "".join(stderr)
+    assert returncode == 4, f"exit {returncode}\n{output}"
+    assert output.count("signalled") == 1 and ERROR_MARK not in output and "Traceback" not in output, output
+    step = int(re.search(r"^step (\d+): signalled: checkpoint written to ck; exiting with status 4", output,
+                         re.M).group(1))
+    assert step >= 20, output
+    save_dir = tmp_path / "ck"
+    assert latest_name(save_dir) == f"step_{step:08d}"
+    assert manifest_of(save_dir / f"step_{step:08d}")["step"] == step
+    assert f"step {step} " in inspect_ok("ck", tmp_path)
+    assert not [n for n in os.listdir(save_dir) if n.startswith(".partial-")]
+
+    run = train_ok(2, "--steps", step + 5, *flags, "--save-dir", "ck", "--resume", "--save-weights", "r.npz",
+                   cwd=tmp_path)
+    assert f"resumed from ck/step_{step:08d} at step {step}" in run.stdout, run.describe()
+    assert_bitwise_equal(load_weights(tmp_path / "r.npz"), uninterrupted(2, "--steps", step + 5, *flags),
+                         f"resumed after {signal.Signals(signum).name} at step {step}")
+
+
+# ----------------------------------------------------------------------------------------------
+# A rank killed in the middle of a save
+# ----------------------------------------------------------------------------------------------
+
+def test_rank_killed_during_save_leaves_the_previous_checkpoint_and_resume_is_exact(uninterrupted, tmp_path):
+    flags = ["--stage", 3, "--steps", 30, *COMMON]
+    env = dict(os.environ, ZEROMPI_KILL_DURING_SAVE="1:20")
+    killed = launch(2, *flags, "--save-dir", "ck", "--save-every", 10, "--save-weights", "never.npz",
+                    cwd=tmp_path, env=env, timeout=60)
+    assert killed.returncode != 0, killed.describe()
+    assert killed.seconds < 60, killed.describe()
+    save_dir = tmp_path / "ck"
+    assert latest_name(save_dir) == STEP10, killed.describe()
+    assert not (save_dir / STEP20).exists() and not (tmp_path / "never.npz").exists()
+    assert set(os.listdir(save_dir)) <= {"latest", STEP10, ".partial-" + STEP20}, os.listdir(save_dir)
+    partial = save_dir / (".partial-" + STEP20)
+    if partial.exists():          # rank 1 died right after its first shard file: no manifest was written
+        assert "rank00001.params.npy" in os.listdir(partial) and "manifest.json" not in os.listdir(partial)
+    assert "step 10 " in inspect_ok("ck", tmp_path)
+
+    run = train_ok(2, *flags, "--save-dir", "ck", "--save-every", 10, "--resume", "--save-weights", "r.npz",
+                   cwd=tmp_path)
+    assert f"resumed from ck/{STEP10} at step 10" in run.stdout, run.describe()
+    assert_bitwise_equal(load_weights(tmp_path / "r.npz"), uninterrupted(2, *flags), "resumed after the kill")
+    assert sorted(os.listdir(save_dir)) == ["latest", STEP10, STEP20, STEP30]      # the partial is gone
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotation
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("keep_last, kept", [(2, (15, 20)), (0, (5, 10, 15, 20)), (1, (20,)), (None, (10, 15, 20))],
+                         ids=["keep-2", "keep-all", "keep-1", "default-3"])
+def test_keep_last_keeps_the_newest_checkpoints(keep_last, kept, tmp_path):
+    flags = [] if keep_last is None else ["--keep-last", keep_last]
+    train_ok(2, "--steps", 20, "--save-every", 5, *flags, *COMMON, "--save-dir", "ck", cwd=tmp_path)
+    save_dir = tmp_path / "ck"
+    assert sorted(os.listdir(save_dir)) == ["latest"] + [f"step_{s:08d}" for s in kept]
+    assert latest_name(save_dir) == "step_00000020"
+    for s in kept:
+        assert manifest_of(save_dir / f"step_{s:08d}")["step"] == s
+
+
+def test_rotation_never_deletes_the_checkpoint_latest_names(tmp_path):
+    """Resume from an older checkpoint while newer ones of the earlier run are still there: the
+    checkpoint just written (and named by `latest`) must survive rotation, and resuming goes on."""
+    train_ok(2, "--steps", 30, "--save-every", 10, "--keep-last", 0, *COMMON, "--save-dir", "ck", cwd=tmp_path)
+    train_ok(2, "--steps", 15, "--save-every", 5, "--keep-last", 2, *COMMON, "--save-dir", "ck",
+             "--resume", f"ck/{STEP10}", cwd=tmp_path)
+    save_dir = tmp_path / "ck"
+    assert latest_name(save_dir) == "step_00000015"
+    assert (save_dir / "step_00000015").is_dir(), sorted(os.listdir(save_dir))
+    assert manifest_of(save_dir / "step_00000015")["step"] == 15
+    assert "step 15 " in inspect_ok("ck", tmp_path)
+    run = train_ok(2, "--steps", 20, "--save-every", 5, "--keep-last", 2, *COMMON, "--save-dir", "ck", "--resume",
+                   cwd=tmp_path)
+    assert "resumed from ck/step_00000015 at step 15" in run.stdout, run.describe()
+    newest = save_dir / latest_name(save_dir)
+    assert newest.is_dir() and manifest_of(newest)["step"] == 20, sorted(os.listdir(save_dir))
+    assert "step 20 " in inspect_ok("ck", tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Flags
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("exists", [True, False], ids=["empty-dir", "no-dir"])
+def test_resume_with_no_checkpoint_yet_starts_from_step_0_and_says_so(exists, uninterrupted, tmp_path):
+    flags = ["--stage", 3, "--steps", 30, *COMMON]
+    if exists:
+        (tmp_path / "ck").mkdir()
+    run = train_ok(2, *flags, "--save-dir", "ck", "--resume", "--save-weights", "w.npz", cwd=tmp_path)
+    assert run.stdout.count("no checkpoint in ck yet: starting from step 0") == 1, run.describe()
+    assert "resumed" not in run.stdout
+    assert_bitwise_equal(load_weights(tmp_path / "w.npz"), uninterrupted(2, *flags), "fresh start")
+    assert latest_name(tmp_path / "ck") == STEP30
+
+
+@pytest.mark.parametrize("flags, keywords", [
+    (["--resume", "--save-dir", "ck", "--init-weights", "w.npz"], ["--resume and --init-weights"]),
+    (["--resume", "ck/step_00000010", "--init-weights", "w.npz"], ["--resume and --init-weights"]),
+    (["--save-every", 5], ["--save-every", "need --save-dir"]),
+    (["--resume"], ["--resume", "need --save-dir"]),
+    (["--save-dir", "ck", "--keep-last", -1], ["--keep-last", ">= 0"]),
+    (["--save-dir", "ck", "--save-every", -5], ["--save-every", ">= 0"]),
+    (["--save-dir", "nowhere/deeper/file.npz/ck", "--save-weights", "w.npz"], ["--save-dir"]),
+], ids=["resume-and-init", "resume-folder-and-init", "save-every-no-dir", "resume-no-dir", "keep-last-negative",
+        "save-every-negative", "save-dir-unusable"])
+def test_bad_checkpoint_flags_fail_once_with_exit_2_and_write_nothing(flags, keywords, tmp_path):
+    if "nowhere/deeper/file.npz/ck" in flags:
+        (tmp_path / "nowhere" / "deeper").mkdir(parents=True)
+        (tmp_path / "nowhere" / "deeper" / "file.npz").write_bytes(b"a file, not a folder")
+    before = files_under(tmp_path)
+    run = launch(2, "--steps", 2, *COMMON, *flags, cwd=tmp_path, timeout=60)
+    fails_once(run, 2, *keywords)
+    assert run.stdout == "", run.describe()
+    assert files_under(tmp_path) == before
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished N=2 stage-1 run of 10 steps: its folder (ck/ with latest = step 10, w.npz)."""
+    folder = tmp_path_factory.mktemp("finished")
+    train_ok(2, "--stage", 1, "--steps", 10, *COMMON, "--save-dir", "ck", "--save-weights", "w.npz", cwd=folder)
+    assert latest_name(folder / "ck") == STEP10
+    return folder
+
+
+@pytest.mark.parametrize("change, flag", [(["--seed", 1], "--seed"), (["--batch-size", 24], "--batch-size"),
+                                          (["--no-shuffle"], "--shuffle")], ids=["seed", "batch-size", "shuffle"])
+def test_resume_with_another_data_order_is_refused_naming_the_flag(change, flag, finished, tmp_path):
+    shutil.copytree(finished / "ck", tmp_path / "ck")
+    before = snapshot(tmp_path / "ck")
+    run = launch(2, "--stage", 1, "--steps", 20, *COMMON, *change, "--save-dir", "ck", "--resume",
+                 "--save-weights", "never.npz", cwd=tmp_path, timeout=60)
+    fails_once(run, 2, flag, f"ck/{STEP10}")
+    assert not (tmp_path / "never.npz").exists()
+    assert snapshot(tmp_path / "ck") == before
+
+
+def test_resume_of_a_finished_run_runs_no_steps_and_exits_0(finished, tmp_path):
+    shutil.copytree(finished / "ck", tmp_path / "ck")
+    before = snapshot(tmp_path / "ck")
+    run = train_ok(2, "--stage", 1, "--steps", 10, *COMMON, "--report", "json", "--save-dir", "ck", "--resume",
+                   "--save-weights", "again.npz", cwd=tmp_path)
+    assert f"resumed from ck/{STEP10} at step 10" in run.stderr, run.describe()
+    assert json.loads(run.stdout)["steps"] == 0
+    assert_bitwise_equal(load_weights(tmp_path / "again.npz"), load_weights(finished / "w.npz"), "no steps")
+    assert snapshot(tmp_path / "ck") == before                 # nothing saved again
+
+
+def test_resume_beyond_steps_is_refused_or_runs_zero_steps(finished, tmp_path):
+    shutil.copytree(finished / "ck", tmp_path / "ck")
+    run = launch(2, "--stage", 1, "--steps", 5, *COMMON, "--report", "json", "--save-dir", "ck", "--resume",
+                 cwd=tmp_path, timeout=60)
+    if run.returncode == 2:
+        fails_once(run, 2, "--steps")
+    else:
+        assert run.returncode == 0 and ERROR_MARK not in run.output, run.describe()
+        assert json.loads(run.stdout)["steps"] == 0, run.describe()
+
+
+def test_corrupt_shard_found_by_one_rank_fails_every_rank_once(finished, tmp_path):
+    """Stage 3 at N=2 reading an N=2 checkpoint: rank 1 alone reads rank 1's files, so rank 1 alone
+    sees the flipped byte; every rank must still exit 2 together, with one line, no hang."""
+    shutil.copytree(finished / "ck", tmp_path / "ck")
+    path = tmp_path / "ck" / STEP10 / "rank00001.params.npy"
+    offset = next(f for f in manifest_of(tmp_path / "ck" / STEP10)["files"]
+                  if f["rank"] == 1 and f["kind"] == "params")["data_offset"]
+    data = bytearray(path.read_bytes())
+    data[offset + 3] ^= 0x10
+    path.write_bytes(bytes(data))
+    before = snapshot(tmp_path / "ck")
+    run = launch(2, "--stage", 3, "--steps", 20, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path, timeout=60)
+    fails_once(run, 2, f"{STEP10}/rank00001.params.npy", "checksum mismatch")
+    assert run.seconds < 30, run.describe()
+    assert snapshot(tmp_path / "ck") == before
