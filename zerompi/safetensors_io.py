@@ -8,8 +8,7 @@ The format (https://github.com/huggingface/safetensors):
     offsets are relative to the start of the data; tensors are C-ordered, little-endian.
 
 The header is computed first from the names, shapes and dtypes, so the data can then be streamed:
-no more than one tensor is ever in memory. The file is written under a temporary name, fsync'ed
-and renamed into place. bfloat16 is stored as "BF16" (its raw 16-bit words), which PyTorch and
+no more than one tensor is ever in memory. The file is written atomically (zerompi/atomic.py). bfloat16 is stored as "BF16" (its raw 16-bit words), which PyTorch and
 JAX read natively; this reader returns it as ml_dtypes.bfloat16.
 """
 import json
@@ -18,6 +17,8 @@ import struct
 
 import ml_dtypes
 import numpy as np
+
+from .atomic import atomic_file
 
 DTYPE_CODES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
                np.dtype(ml_dtypes.bfloat16): "BF16"}
@@ -41,22 +42,14 @@ def write_safetensors(path, specs, tensors, metadata=None):
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)                    # align the data to 8 bytes
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(encoded)))
-            f.write(encoded)
-            for (name, shape, dtype), tensor in zip(specs, tensors, strict=True):
-                tensor = np.ascontiguousarray(tensor, dtype=dtype)
-                if tensor.shape != tuple(shape):
-                    raise ValueError(f"{name}: shape {tensor.shape}, header says {tuple(shape)}")
-                f.write(memoryview(tensor.view(np.uint8).reshape(-1)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_file(path) as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for (name, shape, dtype), tensor in zip(specs, tensors, strict=True):
+            tensor = np.ascontiguousarray(tensor, dtype=dtype)
+            if tensor.shape != tuple(shape):
+                raise ValueError(f"{name}: shape {tensor.shape}, header says {tuple(shape)}")
+            f.write(memoryview(tensor.view(np.uint8).reshape(-1)))
 
 
 def read_header(path):

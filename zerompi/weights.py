@@ -11,8 +11,7 @@ one per tensor, with no pickled objects (always read with allow_pickle=False):
 Saving streams one unit at a time: every rank takes part in `full_unit_params` (a collective
 all-gather in stage 3), and rank 0 writes that unit's two arrays into the archive before the next
 unit is gathered, so no rank ever holds more than one unit's gathered parameters. The archive is
-written under a temporary name in the target folder, fsync'ed, and renamed over the target: a
-reader sees the old file or the complete new one, never a half-written one.
+written atomically (zerompi/atomic.py): a reader sees the old file or the complete new one.
 
 Loading reads one unit at a time on every rank (np.load of an .npz is lazy per array) and hands
 the values to the stage, which keeps what it owns. A .safetensors file with the same tensor names
@@ -24,6 +23,8 @@ import zlib
 
 import ml_dtypes
 import numpy as np
+
+from .atomic import atomic_file
 
 from .safetensors_io import SafetensorsError, read_header, read_tensor
 
@@ -46,72 +47,37 @@ def check_writable(path):
     return None
 
 
-class AtomicNpzWriter:
-    """A consolidated .npz written one tensor at a time under a temporary name; `commit` fsyncs it
-    and renames it over the target; `discard` (or an exception inside `with`) removes it."""
+def write_npz(path, named_tensors):
+    """Stream (name, tensor) pairs into a consolidated .npz, atomically (zerompi/atomic.py)."""
+    with atomic_file(path) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, tensor in named_tensors:
+            with archive.open(name + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, portable(tensor), allow_pickle=False)
 
-    def __init__(self, path):
-        self.path = path
-        self.tmp_path = os.path.join(os.path.dirname(os.path.abspath(path)),
-                                     f".{os.path.basename(path)}.tmp-{os.getpid()}")
-        self.archive = zipfile.ZipFile(self.tmp_path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
 
-    def add(self, name, tensor):
-        with self.archive.open(name + ".npy", "w", force_zip64=True) as member:
-            np.lib.format.write_array(member, portable(tensor), allow_pickle=False)
-
-    def commit(self):
-        self.archive.close()
-        with open(self.tmp_path, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(self.tmp_path, self.path)
-        folder = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-
-    def discard(self):
-        self.archive.close()
-        if os.path.exists(self.tmp_path):
-            os.unlink(self.tmp_path)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, traceback):
-        if kind is not None or os.path.exists(self.tmp_path):
-            self.discard()
+def consolidated_tensors(engine):
+    """(name, tensor) of every tensor, one unit at a time. Collective in stage 3 (each unit is
+    all-gathered): every rank must run it to the end."""
+    for unit in engine.layout.units:
+        full = engine.zero.full_unit_params(unit)
+        yield from zip(engine.layout.tensor_names(unit), unit.views(full))
 
 
 def save_weights(engine, path):
     """Collective. Rank 0 writes the consolidated file; returns its error message or None
-    (the caller passes it to comm.check_all, so that every rank exits together). Every rank
-    takes part in every unit's gather even after rank 0 has failed, so that no rank hangs."""
-    writer, error = None, None
+    (the caller passes it to comm.check_all, so that every rank exits together)."""
+    tensors = consolidated_tensors(engine)
+    if engine.comm.rank != 0:
+        for _ in tensors:                 # take part in every unit's gather
+            pass
+        return None
     try:
-        if engine.comm.rank == 0:
-            try:
-                writer = AtomicNpzWriter(path)
-            except OSError as e:
-                error = f"cannot save weights to {path}: {e.strerror or e}"
-        for unit in engine.layout.units:
-            full = engine.zero.full_unit_params(unit)        # every rank: collective in stage 3
-            if writer is None or error is not None:
-                continue
-            try:
-                for name, tensor in zip(engine.layout.tensor_names(unit), unit.views(full)):
-                    writer.add(name, tensor)
-            except OSError as e:
-                error = f"cannot save weights to {path}: {e.strerror or e}"
-        if writer is not None and error is None:
-            writer.commit()
+        write_npz(path, tensors)
     except OSError as e:
-        error = f"cannot save weights to {path}: {e.strerror or e}"
-    finally:
-        if writer is not None and os.path.exists(writer.tmp_path):   # never leave a half-written file
-            writer.discard()
-    return error
+        for _ in tensors:                 # the other ranks are still gathering: keep up with them
+            pass
+        return f"cannot save weights to {path}: {e.strerror or e}"
+    return None
 
 
 def portable(tensor):

@@ -11,7 +11,7 @@ out, and dropped before the next: memory stays at one tensor, whatever the model
 import numpy as np
 
 from ..safetensors_io import write_safetensors
-from ..weights import AtomicNpzWriter
+from ..weights import write_npz
 from .files import CheckpointReader
 
 
@@ -59,10 +59,7 @@ def consolidate(folder, path):
     """The model's parameters as one consolidated .npz (zerompi.weights' format)."""
     reader = CheckpointReader(folder)
     specs, tensors = _tensors(reader, [("params", "")])
-    with AtomicNpzWriter(path) as writer:
-        for (name, _, _), tensor in zip(specs, tensors):
-            writer.add(name, tensor)
-        writer.commit()
+    write_npz(path, ((name, tensor) for (name, _, _), tensor in zip(specs, tensors)))
     return len(specs)
 
 

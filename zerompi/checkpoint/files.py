@@ -40,6 +40,8 @@ import zlib
 import ml_dtypes
 import numpy as np
 
+from ..atomic import atomic_file
+
 FORMAT, VERSION = "zerompi-checkpoint", 1
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -68,33 +70,9 @@ def dtype_named(name):
     return BF16 if name == "bfloat16" else np.dtype(name)
 
 
-def block_crcs(data_bytes, block_bytes=BLOCK_BYTES):
-    """CRC-32 of each block of a bytes-like object."""
-    view = memoryview(data_bytes)
-    return [zlib.crc32(view[i:i + block_bytes]) for i in range(0, len(view), block_bytes)]
-
-
-def fsync_folder(folder):
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
 def write_text_atomically(path, text):
-    """Write, fsync, rename over path, fsync the folder: readers see the old text or the new."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    fsync_folder(os.path.dirname(os.path.abspath(path)))
+    with atomic_file(path, "w") as f:
+        f.write(text)
 
 
 def latest_checkpoint(save_dir):

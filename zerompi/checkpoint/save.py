@@ -1,8 +1,8 @@
 """Saving a sharded checkpoint: every rank writes only what it owns; nothing is visible until complete.
 
     rank 0        remove stale .partial-* folders; create .partial-step_K/          -- all agree --
-    every rank    write rank{r}.{kind}.npy for each kind of state it owns, fsync,
-                  then read it back to compute its blocks' CRC-32s                  -- all agree --
+    every rank    write rank{r}.{kind}.npy for each kind of state it owns (the CRC-32 of
+                  each block computed as it is written), fsync                      -- all agree --
     gather        the CRCs and data offsets to rank 0 (one buffer Gather)
     rank 0        write manifest.json (fsync), fsync the folder, rename
                   .partial-step_K -> step_K (step_K.2 if a step_K exists already), fsync
@@ -24,11 +24,13 @@ import os
 import re
 import shutil
 import signal
+import zlib
 
 import numpy as np
 
-from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, block_crcs, fsync_folder, on_disk,
-                    shard_file_name, step_folder_name, write_text_atomically)
+from ..atomic import fsync_folder
+from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, on_disk, shard_file_name,
+                    step_folder_name, write_text_atomically)
 
 KILL_DURING_SAVE = "ZEROMPI_KILL_DURING_SAVE"   # fault injection for tests: "rank:step" SIGKILLs that
                                                 # rank after its first shard file of that step's save
@@ -55,21 +57,29 @@ def owned_segment(zero, kind, unit, rank):
 
 
 def write_shard_file(path, dtype, segments):
-    """One .npy of the concatenated segments; returns (data_offset, data_bytes, block CRCs)."""
+    """One .npy of the concatenated segments, fsync'ed; returns (data_offset, data_bytes, block
+    CRCs), the CRCs computed from the same bytes as they are written (no second pass)."""
     disk_dtype = on_disk(np.empty(0, dtype)).dtype
     numel = sum(s.size for s in segments)
+    crcs, crc, filled = [], 0, 0          # finished blocks; the current block's CRC and bytes
     with open(path, "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(disk_dtype),
                                                  "fortran_order": False, "shape": (numel,)})
         data_offset = f.tell()
         for segment in segments:
-            f.write(memoryview(on_disk(np.ascontiguousarray(segment))).cast("B"))
+            data = memoryview(on_disk(np.ascontiguousarray(segment))).cast("B")
+            f.write(data)
+            while len(data):
+                take = min(len(data), BLOCK_BYTES - filled)
+                crc, filled, data = zlib.crc32(data[:take], crc), filled + take, data[take:]
+                if filled == BLOCK_BYTES:
+                    crcs.append(crc)
+                    crc, filled = 0, 0
+        if filled:
+            crcs.append(crc)
         f.flush()
         os.fsync(f.fileno())
-    with open(path, "rb") as f:                       # the CRCs of what is on disk, not in memory
-        f.seek(data_offset)
-        data = f.read()
-    return data_offset, len(data), block_crcs(data)
+    return data_offset, numel * disk_dtype.itemsize, crcs
 
 
 def save_checkpoint(engine, save_dir, training_state, keep_last):

@@ -1,0 +1,37 @@
+"""Files that are complete or absent: write under a temporary name, fsync, rename into place.
+
+    with atomic_file("out.npz") as f:      # f is "<folder>/.out.npz.tmp-<pid>"
+        ... write ...
+    # normal exit: flush, fsync the file, rename over out.npz, fsync the folder
+    # an exception: the temporary file is removed and out.npz is untouched
+
+POSIX rename within one folder is atomic, so a reader (or a crash at any moment) sees the old file
+or the complete new one, never a half-written one. Every file zerompi writes goes through here.
+"""
+import os
+from contextlib import contextmanager
+
+
+def fsync_folder(folder):
+    """Make a rename inside `folder` durable."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+@contextmanager
+def atomic_file(path, mode="wb"):
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_folder(folder)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
