@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from test_cli import ERROR_MARK, Run, _mpirun, files_under, load_weights
+from test_checkpoint_files import snapshot
 
 TIMEOUT = 120                   # seconds for one launch before it is killed
 COMMON = ["--hidden", "9,7", "--batch-size", 12, "--data", "synthetic", "--report", "none",
@@ -89,17 +90,6 @@ def latest_name(save_dir):
 def manifest_of(folder):
     with open(folder / "manifest.json") as f:
         return json.load(f)
-
-
-def snapshot(folder):
-    out = {}
-    for root, dirs, files in os.walk(folder):
-        for name in dirs:
-            out[os.path.relpath(os.path.join(root, name), folder)] = None
-        for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                out[os.path.relpath(os.path.join(root, name), folder)] = f.read()
-    return out
 
 
 def assert_bitwise_equal(got, want, what):

@@ -90,7 +90,13 @@ def read_weights(path, layout):
     """Yield (unit, values (numel,) float64) for each unit, after checking names, shapes and values,
     from a consolidated .npz or a .safetensors file. Raises WeightsError naming the file and the problem."""
     if path.endswith(".safetensors"):
-        yield from _read_safetensors_weights(path, layout)
+        if not os.path.exists(path):
+            raise WeightsError(f"weights file {path} does not exist")
+        try:
+            header, _, data_start = read_header(path)
+        except SafetensorsError as e:
+            raise WeightsError(f"weights file {e}") from None
+        yield from _units(path, layout, header, lambda name: read_tensor(path, header, data_start, name))
         return
     try:
         archive = np.load(path, allow_pickle=False)
@@ -100,25 +106,35 @@ def read_weights(path, layout):
         raise WeightsError(f"weights file {path} is not a readable .npz: {e or 'empty file'}") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise WeightsError(f"weights file {path} is a single .npy array, not an .npz of named tensors")
+
+    def read_member(name):
+        try:
+            tensor = archive[name]
+        except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as e:
+            raise WeightsError(f"weights file {path}: {name} cannot be read: {e}") from None
+        if not isinstance(tensor, np.ndarray):      # a member that is not .npy data
+            raise WeightsError(f"weights file {path}: {name} is not an .npy array")
+        return tensor
+
     with archive:
-        expected = [name for unit in layout.units for name in layout.tensor_names(unit)]
-        unexpected = sorted(set(archive.files) - set(expected))
-        if unexpected:
-            raise WeightsError(f"weights file {path} has tensors this model does not: {', '.join(unexpected[:4])}"
-                               f" (model: {len(layout.units)} layers, sizes {layout.sizes})")
-        for unit in layout.units:
-            values = []
-            for name in layout.tensor_names(unit):
-                if name not in archive.files:
-                    raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
-                try:
-                    tensor = archive[name]
-                except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as e:
-                    raise WeightsError(f"weights file {path}: {name} cannot be read: {e}") from None
-                if not isinstance(tensor, np.ndarray):      # a member that is not .npy data
-                    raise WeightsError(f"weights file {path}: {name} is not an .npy array")
-                values.append(_checked(path, layout, unit, name, tensor))
-            yield unit, np.concatenate(values).astype(np.float64)
+        yield from _units(path, layout, archive.files, read_member)
+
+
+def _units(path, layout, names_in_file, read):
+    """(unit, values) for each unit, reading each tensor with read(name) after checking that the
+    file's names are the model's (safetensors exports may add optimizer.* tensors)."""
+    model_names = [name for unit in layout.units for name in layout.tensor_names(unit)]
+    extra = sorted(set(names_in_file) - set(model_names) - {n for n in names_in_file if n.startswith("optimizer.")})
+    if extra:
+        raise WeightsError(f"weights file {path} has tensors this model does not: {', '.join(extra[:4])}"
+                           f" (model: {len(layout.units)} layers, sizes {layout.sizes})")
+    for unit in layout.units:
+        values = []
+        for name in layout.tensor_names(unit):
+            if name not in names_in_file:
+                raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
+            values.append(_checked(path, layout, unit, name, read(name)))
+        yield unit, np.concatenate(values).astype(np.float64)
 
 
 def _checked(path, layout, unit, name, tensor):
@@ -132,24 +148,3 @@ def _checked(path, layout, unit, name, tensor):
     if not np.all(np.isfinite(tensor.astype(np.float64))):
         raise WeightsError(f"weights file {path}: {name} contains NaN or inf")
     return tensor.reshape(-1)
-
-
-def _read_safetensors_weights(path, layout):
-    if not os.path.exists(path):
-        raise WeightsError(f"weights file {path} does not exist")
-    try:
-        header, _, data_start = read_header(path)
-    except SafetensorsError as e:
-        raise WeightsError(f"weights file {e}") from None
-    model_names = [name for unit in layout.units for name in layout.tensor_names(unit)]
-    extra = sorted(set(header) - set(model_names) - {n for n in header if n.startswith("optimizer.")})
-    if extra:
-        raise WeightsError(f"weights file {path} has tensors this model does not: {', '.join(extra[:4])}"
-                           f" (model: {len(layout.units)} layers, sizes {layout.sizes})")
-    for unit in layout.units:
-        values = []
-        for name in layout.tensor_names(unit):
-            if name not in header:
-                raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
-            values.append(_checked(path, layout, unit, name, read_tensor(path, header, data_start, name)))
-        yield unit, np.concatenate(values).astype(np.float64)
