@@ -4,8 +4,13 @@ brought up by tests/slurm/local_slurm.sh (root needed; .ci/run installs the pack
     every CPU script        sbatch --wait trains and exits 0, logs and weights in its per-job folder
     preemption + requeue    a job signalled mid-run checkpoints, requeues itself, resumes, and its
                             final weights equal an uninterrupted run's, bit for bit
+    plain scancel           checkpoints and ends: no requeue
+    a rank SIGKILLed        the step ends at once (srun --kill-on-bad-exit), no hang
+    mpirun in an allocation works (hydra starts its proxies with srun)
     wrong srun --mpi        N lone single-rank jobs are caught: one error line, exit 2
-    GPU scripts             bash -n (no GPUs here to submit them to)
+
+The local Slurm rewrites /etc/slurm/slurm.conf and restarts slurmctld, slurmd and munged, so the
+tests start it only when ZEROMPI_LOCAL_SLURM=1 (.ci/run sets it); otherwise they are skipped.
 """
 import glob
 import os
@@ -22,7 +27,6 @@ from run_all import mpirun
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM_DIR = os.path.join(ROOT, "slurm")
 CPU_SCRIPTS = ["cpu_single_node.sbatch", "cpu_multi_node.sbatch"]
-GPU_SCRIPTS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(SLURM_DIR, "gpu_*.sbatch")))
 SMALL = ["--hidden", "16", "--log-every", "0", "--report", "none", "--batch-size", "128"]
 
 
@@ -30,7 +34,10 @@ SMALL = ["--hidden", "16", "--log-every", "0", "--report", "none", "--batch-size
 def slurm():
     """A running single-node Slurm; skipped (outside CI) where it cannot be started."""
     problem = None
-    if os.geteuid() != 0:
+    if os.environ.get("ZEROMPI_LOCAL_SLURM") != "1":
+        problem = ("set ZEROMPI_LOCAL_SLURM=1 to let the tests start a single-node Slurm here (it rewrites "
+                   "/etc/slurm/slurm.conf and restarts slurmctld, slurmd and munged)")
+    elif os.geteuid() != 0:
         problem = "needs root to start slurmctld, slurmd and munged"
     elif not shutil.which("slurmctld"):
         problem = "Slurm is not installed (apt-get install slurmd slurmctld slurm-client munge)"
@@ -98,7 +105,7 @@ def test_signalled_job_checkpoints_requeues_resumes_and_matches_an_uninterrupted
         assert time.time() < deadline, job_output(tmp_path, job)
         time.sleep(0.5)
     output = job_output(tmp_path, job)
-    assert "preemption signal" in output and "requeueing" in output, output
+    assert "SIGUSR1: asking the ranks to checkpoint" in output and "requeueing" in output, output
     text = open(log).read()
     assert text.count("signalled: checkpoint written") == 1 and "resumed from" in text, text
     assert "restart 1" in output
@@ -122,7 +129,7 @@ def test_wrong_srun_mpi_plugin_is_caught_once(slurm, tmp_path):
     assert "SLURM_STEP_NUM_TASKS=3" in output and "MPI sees 1 rank" in output
 
 
-@pytest.mark.parametrize("script", CPU_SCRIPTS + GPU_SCRIPTS)
+@pytest.mark.parametrize("script", CPU_SCRIPTS + ["common.sh"])
 def test_every_script_is_valid_bash(script):
     subprocess.run(["bash", "-n", os.path.join(SLURM_DIR, script)], check=True, timeout=30)
 
@@ -133,3 +140,54 @@ def test_cpu_scripts_pass_sbatch_test_only(slurm, script, tmp_path):
     result = subprocess.run(["sbatch", "--test-only", *options, os.path.join(SLURM_DIR, script)],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "to start at" in result.stderr, result.stderr
+
+
+def wait_until_gone(job, seconds):
+    deadline = time.time() + seconds
+    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+        assert time.time() < deadline, f"job {job} still in the queue after {seconds} s"
+        time.sleep(0.3)
+
+
+def wait_for_line(path, text, seconds):
+    deadline = time.time() + seconds
+    while not (os.path.exists(path) and text in open(path).read()):
+        assert time.time() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+def test_plain_scancel_checkpoints_but_does_not_requeue(slurm, tmp_path):
+    flags = ["--steps", "100000", "--hidden", "16", "--log-every", "250", "--report", "none"]
+    code, job, result = submit("cpu_single_node.sbatch", tmp_path, args=flags, wait=False)
+    assert code == 0, result.stderr
+    run_dir = os.path.join(tmp_path, "runs", f"zerompi-cpu-{job}")
+    wait_for_line(os.path.join(run_dir, "train.log"), f"step {250:>6}/100000", 120)
+    subprocess.run(["scancel", job], check=True, timeout=60)
+    wait_until_gone(job, 120)                       # gone for good: not PENDING again
+    log = open(os.path.join(run_dir, "train.log")).read()
+    assert "signalled: checkpoint written" in log, log   # the tee kept the ranks' last line
+    assert "requeueing" not in job_output(tmp_path, job)
+    assert open(os.path.join(run_dir, "checkpoints", "latest")).read().startswith("step_")
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_under_srun_ends_the_job_instead_of_hanging(slurm, tmp_path):
+    env_flag = "--export=ALL,ZEROMPI_KILL_DURING_SAVE=1:20"
+    started = time.time()
+    code, job, result = submit("cpu_single_node.sbatch", tmp_path, env_flag,
+                               args=["--steps", "40", "--save-every", "10", *SMALL])
+    assert code != 0
+    assert time.time() - started < 120, "the surviving ranks waited instead of ending"
+    run_dir = os.path.join(tmp_path, "runs", f"zerompi-cpu-{job}")
+    assert open(os.path.join(run_dir, "checkpoints", "latest")).read().strip() == "step_00000010"
+
+
+@pytest.mark.timeout(300)
+def test_mpirun_inside_an_allocation_is_not_mistaken_for_a_wrong_launch(slurm, tmp_path):
+    mpirun_path = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    code, job, result = submit(f"{mpirun_path} -n 4 {sys.executable} -m zerompi.train --steps 5 --hidden 8 "
+                               f"--report none --log-every 0", tmp_path, "--ntasks=4", "--output=inner-%j.out")
+    output = job_output(tmp_path, job)
+    assert code == 0, output
+    assert "zerompi: error" not in output and "ZeRO stage 3 on 4 ranks" in output

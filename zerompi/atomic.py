@@ -1,6 +1,6 @@
 """Files that are complete or absent: write under a temporary name, fsync, rename into place.
 
-    with atomic_file("out.npz") as f:      # f is "<folder>/.out.npz.tmp-<pid>"
+    with atomic_file("out.npz") as f:      # f is a new "<folder>/.out.npz.tmp-XXXXXXXX"
         ... write ...
     # normal exit: flush, fsync the file, rename over out.npz, fsync the folder
     # an exception: the temporary file is removed and out.npz is untouched
@@ -9,6 +9,7 @@ POSIX rename within one folder is atomic, so a reader (or a crash at any moment)
 or the complete new one, never a half-written one. Every file zerompi writes goes through here.
 """
 import os
+import tempfile
 from contextlib import contextmanager
 
 
@@ -24,9 +25,9 @@ def fsync_folder(folder):
 @contextmanager
 def atomic_file(path, mode="wb"):
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.tmp-")  # O_EXCL: no planted link
     try:
-        with open(tmp, mode) as f:
+        with open(handle, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -112,7 +112,7 @@ class Communicator:
 
     def gather_to_root(self, send, recv):
         """Rank 0 receives every rank's equal-sized `send` into recv (size, ...); not ledgered
-        (used only for the end-of-run report)."""
+        (the end-of-run report and checkpoint manifests: bookkeeping, not training traffic)."""
         self.mpi.Gather(send, recv, root=0)
 
     def ranks_on_this_node(self):

@@ -6,31 +6,38 @@ separate jobs of size 1, each training on its own and each believing it is rank 
 the run is just silently wrong. The launcher tells its processes how many they are, in its own
 environment variables; if that number differs from what MPI reports, stop and say what to fix.
 
-    variable               set by
-    SLURM_STEP_NUM_TASKS   srun (the tasks of this job step)
+    variable               set by                                   (checked in this order)
     PMI_SIZE               MPICH's hydra mpiexec, srun --mpi=pmi2, Intel MPI
     OMPI_COMM_WORLD_SIZE   Open MPI's mpirun (prterun)
     PMIX_SIZE              some PMIx launchers
+    SLURM_STEP_NUM_TASKS   srun (the tasks of this job step), when none of the above is set
 
 BLAS threads per rank: OMP_NUM_THREADS when the user (or a Slurm script, from --cpus-per-task)
-set it, else the cores this process may use divided by the ranks on its node, at least 1.
+set it, else the CPUs this process may run on (its affinity mask) divided by the ranks on its
+node, at least 1.
 """
 import os
 
-LAUNCHER_SIZE_VARIABLES = ("SLURM_STEP_NUM_TASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
-LAUNCHER_RANK_VARIABLES = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+# The innermost launcher first: `mpirun` inside a Slurm allocation starts its proxies with srun, so
+# its ranks also inherit the proxy step's SLURM_* variables (one task per node), which then say
+# nothing about the ranks. SLURM_* count only when no MPI launcher set its own.
+LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
+LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
 
 def launch_mismatch(mpi_size, environ):
     """One-line error when the launcher started a different number of processes than MPI sees."""
     for name in LAUNCHER_SIZE_VARIABLES:
         value = environ.get(name, "")
-        if value.isdigit() and int(value) != mpi_size:
+        if not value.isdigit():
+            continue
+        if int(value) != mpi_size:
             return (f"the launcher started {value} processes ({name}={value}) but MPI sees {mpi_size} "
                     f"rank{'s' if mpi_size != 1 else ''}: the launcher and the MPI library mpi4py loaded do "
                     f"not match, so each process runs alone. Use the mpirun of that library (see "
                     f"`python -m mpi4py --mpi-library`), or the matching srun plugin: --mpi=pmi2 for "
                     f"MPICH or Intel MPI, --mpi=pmix for Open MPI (`srun --mpi=list`)")
+        return None                      # the innermost launcher agrees
     return None
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from .memory import BytesPerParam
 
+BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPE_NAMES = {"float64": "float64", "fp64": "float64", "float32": "float32", "fp32": "float32",
                "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 
@@ -61,7 +62,7 @@ def precision_for(name):
     """The Precision for a --dtype name (see DTYPE_NAMES); KeyError if unknown."""
     canonical = DTYPE_NAMES[name]
     if canonical == "bfloat16":
-        return Precision(np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))
+        return Precision(BF16, np.dtype(np.float32))
     storage = np.dtype(canonical)
     compute = np.dtype(np.float32) if storage.itemsize == 2 else storage
     return Precision(storage, compute)

@@ -103,7 +103,7 @@ class Progress:
         self.__init__(cfg, self.comm, self.out)
 
 
-def run(cfg, comm, out):
+def run(cfg, comm, out, preemption):
     data, error = load_data(cfg)
     comm.check_all(error)
     classes = cfg.classes or data.num_classes
@@ -116,7 +116,7 @@ def run(cfg, comm, out):
     comm.check_all(check_writable(cfg.save_weights) if cfg.save_weights and comm.rank == 0 else None)
     scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
                         cfg.min_loss_scale)
-    first_step, note = start_from(engine, cfg, scaler)
+    first_step, note, lineage = start_from(engine, cfg, scaler)
     comm.check_all(f"the checkpoint is at step {first_step}, past --steps {cfg.steps}: pass a larger --steps"
                    if first_step > cfg.steps else None)
     comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
@@ -126,7 +126,6 @@ def run(cfg, comm, out):
     x_micro = np.empty((K, rows, data.num_features), precision.compute)   # this rank's rows, per micro-batch
     y_micro = np.empty((K, rows), np.int64)
     progress = Progress(cfg, comm, out)
-    preemption = Preemption(enabled=bool(cfg.save_dir))
 
     comm.print0(f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks | MLP {'-'.join(map(str, sizes))} "
                 f"({engine.layout.num_params:,} parameters) | {cfg.dtype} | global batch {cfg.batch_size} "
@@ -158,9 +157,9 @@ def run(cfg, comm, out):
         done = step + 1
         if cfg.log_every and progress.steps and (done % cfg.log_every == 0 or done == cfg.steps):
             progress.print_line(done, lr, scaler)
-        preempted = cfg.save_dir and preemption.agreed(comm)
+        preempted = cfg.save_dir and preemption.agreed(comm) and done < cfg.steps   # the last step just ends
         if cfg.save_dir and (preempted or done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
-            save_training_checkpoint(engine, cfg, done, scaler)
+            save_training_checkpoint(engine, cfg, done, scaler, lineage)
         if preempted:
             comm.print0(f"step {done}: signalled: checkpoint written to {cfg.save_dir}; exiting with status "
                         f"{PREEMPTED} (continue with --resume)", file=out)
@@ -219,11 +218,13 @@ def main(argv=None):
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
         comm.check_all(check_config(cfg, comm.size))
+        # from here a SIGTERM/SIGUSR1 only sets a flag; the loop checkpoints at the next step's end
+        preemption = Preemption(enabled=bool(cfg.save_dir))
         # progress goes to stderr when stdout must hold nothing but the JSON report
         out = sys.stderr if cfg.report == "json" else sys.stdout
         threads = blas_threads(comm.ranks_on_this_node(), os.environ, len(os.sched_getaffinity(0)))
         with threadpool_limits(limits=threads):
-            run(cfg, comm, out)
+            run(cfg, comm, out, preemption)
     except SystemExit:
         raise
     except BaseException:                      # a bug or an MPI failure: never leave ranks hanging

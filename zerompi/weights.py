@@ -21,14 +21,13 @@ import os
 import zipfile
 import zlib
 
-import ml_dtypes
 import numpy as np
 
 from .atomic import atomic_file
+from .precision import BF16
 
 from .safetensors_io import SafetensorsError, read_header, read_tensor
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 class WeightsError(ValueError):

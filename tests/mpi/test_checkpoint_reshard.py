@@ -1,6 +1,6 @@
 """A checkpoint written with (N, stage) loads into any (N', stage'), and the continued run matches
-the uninterrupted one: N and N' in 1..5 (sub-communicators of the launch), every stage on both
-sides, widths that no N divides. Each rank reads only its ranges (zerompi/checkpoint/load.py).
+the uninterrupted one: N and N' in 1..5 (sub-communicators of the launch), every pair of stages
+(each at several N'), widths that no N divides. Each rank reads only its ranges (zerompi/checkpoint/load.py).
 
 float64, so "matches" means 1e-12 relative, as in test_equivalence.py.
 """
@@ -42,8 +42,9 @@ def shared_folder():
 
 
 def destinations(n_src, stage_src):
-    """Two (N', stage') per source, so that every N' and every stage' occurs for every stage."""
-    return [(n_src % 5 + 1, (stage_src + 1) % 4), (6 - n_src, 3 - stage_src)]
+    """Every stage' for every source, each at another N' (over the five sources of a stage, each
+    stage' meets every N' in 1..5)."""
+    return [((n_src + stage_dst) % 5 + 1, stage_dst) for stage_dst in range(4)]
 
 
 @pytest.mark.mpi(min_size=5)
@@ -63,7 +64,7 @@ def test_resharded_resume_matches_the_uninterrupted_run(stage_src, shared_folder
             run_steps(engine, batches[:STEPS_BEFORE])
             state = {"step": STEPS_BEFORE, "loss_scale": 1.0, "loss_scale_good_steps": 0, "seed": 0,
                      "shuffle": True, "batch_size": BATCH}
-            assert save_checkpoint(engine, save_dir, state, keep_last=0) is None
+            assert save_checkpoint(engine, save_dir, state, keep_last=0)[0] is None
             comm.mpi.Free()
         MPI.COMM_WORLD.Barrier()
         for n_dst, stage_dst in destinations(n_src, stage_src):
@@ -96,7 +97,7 @@ def test_stage_3_reads_only_its_own_ranges(shared_folder, monkeypatch):
     engine.init_params(0)
     state = {"step": 0, "loss_scale": 1.0, "loss_scale_good_steps": 0, "seed": 0, "shuffle": True,
              "batch_size": 24}
-    assert save_checkpoint(engine, save_dir, state, keep_last=0) is None
+    assert save_checkpoint(engine, save_dir, state, keep_last=0)[0] is None
     read = []
     original = files.CheckpointReader.read_range
 

@@ -61,7 +61,7 @@ def main(argv=None):
         else:
             count = export_safetensors(folder, args.output, args.optimizer)
             print(f"wrote {args.output}: {count} tensors from {folder}")
-    except (CheckpointError, SafetensorsError) as e:
+    except (CheckpointError, SafetensorsError, KeyError, TypeError, ValueError) as e:
         print(f"zerompi.checkpoint: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

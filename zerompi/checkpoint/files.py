@@ -37,16 +37,16 @@ import json
 import os
 import zlib
 
-import ml_dtypes
 import numpy as np
 
 from ..atomic import atomic_file
+from ..precision import BF16
 
 FORMAT, VERSION = "zerompi-checkpoint", 1
 MANIFEST = "manifest.json"
 LATEST = "latest"
 BLOCK_BYTES = 1 << 20
-BF16 = np.dtype(ml_dtypes.bfloat16)
+STATE_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
 class CheckpointError(ValueError):
@@ -176,6 +176,12 @@ def read_manifest(folder):
                 raise CheckpointError(f"{path}: {key} must be a non-negative integer, not {m[key]!r}")
         if m["ranks"] < 1 or m["block_bytes"] < 1:
             raise CheckpointError(f"{path}: ranks and block_bytes must be positive")
+        if not (isinstance(m["loss_scale"], (int, float)) and 0 < m["loss_scale"] < float("inf")):
+            raise CheckpointError(f"{path}: loss_scale must be a positive finite number, not {m['loss_scale']!r}")
+        sizes = m["sizes"]
+        if len(m["units"]) != len(sizes) - 1 or any(
+                unit["shapes"] != [[out, inp], [out]] for unit, inp, out in zip(m["units"], sizes, sizes[1:])):
+            raise CheckpointError(f"{path}: the units' shapes do not follow sizes {sizes}")
         ranks = m["ranks"]
         kinds = m["kinds"]
         shard_offset = 0
@@ -186,8 +192,11 @@ def read_manifest(folder):
                 raise CheckpointError(f"{path}: inconsistent layout for {unit.get('names')}: numel, "
                                       f"padded, shard_size and shard_offset do not fit its shapes and {ranks} ranks")
             shard_offset += unit["shard_size"]
-        for name in kinds.values():
-            dtype_named(name)
+        if set(kinds) not in ({"params", "m", "v"}, {"params", "master", "m", "v"}) or \
+                any(name not in STATE_DTYPES for name in kinds.values()):
+            raise CheckpointError(f"{path}: kinds {kinds} are not params, [master,] m, v in "
+                                  f"{', '.join(STATE_DTYPES)}")
+        shard_numel = sum(unit["shard_size"] for unit in m["units"])
         expected = {(r, k) for r in range(ranks) for k in kinds}
         listed = {(f["rank"], f["kind"]) for f in m["files"]}
         if listed != expected:
@@ -196,6 +205,9 @@ def read_manifest(folder):
         for f in m["files"]:
             if not _is_plain_name(f["path"]):
                 raise CheckpointError(f"{path}: file path {f['path']!r} leaves the checkpoint folder")
+            if f["data_bytes"] != shard_numel * dtype_named(kinds[f["kind"]]).itemsize or f["data_offset"] < 0:
+                raise CheckpointError(f"{path}: {f['path']} has data_bytes {f['data_bytes']} / data_offset "
+                                      f"{f['data_offset']}, which do not fit {shard_numel} {kinds[f['kind']]} elements")
             blocks = -(-f["data_bytes"] // m["block_bytes"])
             if len(f["crc32"]) != blocks:
                 raise CheckpointError(f"{path}: {f['path']} has {len(f['crc32'])} checksums for {blocks} blocks")

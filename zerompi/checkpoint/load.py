@@ -7,17 +7,18 @@ exactly those elements from the files of the writer ranks that owned them (check
 every block it touches), so resharding needs no offline step and no rank ever holds more than
 it keeps, stage 3 included.
 
-Which copy of the parameters: the fp32 master when the checkpoint has one (mixed precision),
-else the stored parameters. A mixed-precision run then rounds it into its 16-bit parameters,
-which reproduces the saved 16-bit parameters bit for bit (they were rounded from that master);
-a float32/float64 run takes it as it is. m and v are read as saved and converted to this run's
-state dtype. Adam's step count and the training position come from the manifest.
+Which copy of the parameters: the stored parameters when they are in this run's storage dtype
+(the same dtype resumed: bit for bit), else the most precise copy the checkpoint has (the fp32
+master in mixed precision, else the parameters), converted. A mixed-precision run takes its fp32
+master from the checkpoint's master, or from its parameters when it has none. m and v are read as
+saved and converted to this run's state dtype. Adam's step count and the training position come
+from the manifest.
 """
 import numpy as np
 
 from .files import CheckpointError, CheckpointReader
 
-TRAINING_STATE = ("step", "loss_scale", "loss_scale_good_steps", "seed", "shuffle", "batch_size")
+TRAINING_STATE = ("step", "loss_scale", "loss_scale_good_steps", "seed", "shuffle", "batch_size", "dtype")
 
 
 def load_checkpoint(engine, folder):
@@ -30,12 +31,13 @@ def load_checkpoint(engine, folder):
         raise CheckpointError(f"{folder}: a checkpoint of an MLP with sizes {manifest['sizes']}, but this "
                               f"run builds {layout.sizes}")
     best = "master" if "master" in reader.kinds else "params"
+    param_source = "params" if reader.kinds["params"] == zero.precision.storage else best
     optimizer_arrays = [("m", zero.adam.m), ("v", zero.adam.v)]
     if zero.adam.master is not None:
         optimizer_arrays.append((best, zero.adam.master))
     for unit in layout.units:
         held, (lo, hi) = zero.held_params(unit)
-        held[...] = reader.read_range(unit.index, best, lo, hi, reader.kinds[best])
+        held[...] = reader.read_range(unit.index, param_source, lo, hi, reader.kinds[param_source])
         _, _, state, (lo, hi) = zero.owned(unit)
         for kind, array in optimizer_arrays:
             array[state] = reader.read_range(unit.index, kind, lo, hi, reader.kinds[kind])

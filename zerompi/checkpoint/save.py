@@ -7,7 +7,7 @@
     rank 0        write manifest.json (fsync), fsync the folder, rename
                   .partial-step_K -> step_K (step_K.2 if a step_K exists already), fsync
                   save_dir, then write `latest` (tmp + fsync + rename); finally delete the
-                  checkpoints before it beyond keep_last                            -- all agree --
+                  checkpoints of its lineage beyond keep_last                       -- all agree --
 
 A kill at any moment leaves `latest` pointing at the previous complete checkpoint: a partial folder
 is never read, and `latest` moves only after the rename. Each "all agree" is one small all-reduce
@@ -21,7 +21,6 @@ range, so the files have the same shape for every stage.
 import glob
 import json
 import os
-import re
 import shutil
 import signal
 import zlib
@@ -83,8 +82,10 @@ def write_shard_file(path, dtype, segments):
 
 
 def save_checkpoint(engine, save_dir, training_state, keep_last):
-    """Collective. Write step training_state["step"]'s checkpoint; returns this rank's error or None
-    (every rank returns at the same point; pass the result to comm.check_all)."""
+    """Collective. Write step training_state["step"]'s checkpoint; returns (this rank's error or
+    None, the published folder's name on rank 0 or None). Every rank returns at the same point;
+    pass the error to comm.check_all. training_state["parent"] names the checkpoint (in save_dir)
+    this run continued from, for rotation."""
     comm, zero, layout = engine.comm, engine.zero, engine.layout
     name = step_folder_name(training_state["step"])
     partial = os.path.join(save_dir, ".partial-" + name)
@@ -97,7 +98,7 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
         except OSError as e:
             error = f"cannot create checkpoint folder {partial}: {e.strerror or e}"
     if comm.any_failed(error):
-        return error
+        return error, None
 
     kinds = state_kinds(zero)
     max_blocks = max(-(-layout.shard_numel * dtype.itemsize // BLOCK_BYTES) for dtype in kinds.values())
@@ -113,12 +114,13 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     except OSError as e:
         error = f"cannot write checkpoint shard in {partial}: {e.strerror or e}"
     if comm.any_failed(error):
-        return error
+        return error, None
 
     all_crcs = np.zeros((comm.size,) + crcs.shape, dtype=np.int64) if comm.rank == 0 else None
     all_offsets = np.zeros((comm.size, len(kinds)), dtype=np.int64) if comm.rank == 0 else None
     comm.gather_to_root(crcs, all_crcs)
     comm.gather_to_root(offsets, all_offsets)
+    published = None
     if comm.rank == 0:
         try:
             manifest = build_manifest(engine, training_state, kinds, all_crcs, all_offsets)
@@ -129,7 +131,7 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
         except OSError as e:
             error = f"cannot complete checkpoint {os.path.join(save_dir, name)}: {e.strerror or e}"
     comm.any_failed(error)
-    return error
+    return error, published
 
 
 def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
@@ -171,21 +173,21 @@ def publish(save_dir, partial, name):
     return final
 
 
-def checkpoint_order(folder_name):
-    """(step, copy) of 'step_00000300' or 'step_00000300.2', or None for other names."""
-    match = re.fullmatch(r"step_(\d+)(?:\.(\d+))?", folder_name)
-    return (int(match.group(1)), int(match.group(2) or 1)) if match else None
-
-
 def rotate(save_dir, keep_last, newest):
-    """Keep `newest` (just published) and the keep_last - 1 checkpoints before it (0: keep all).
-    Folders of later steps, left by a run this one resumed before, are not touched."""
+    """Keep `newest` and the keep_last - 1 checkpoints before it in its lineage (0: keep all).
+    The lineage follows each manifest's "parent" (the checkpoint a run continued from), so the
+    checkpoints of a run that this one resumed before the end of are never counted or deleted."""
     if keep_last <= 0:
         return
-    newest_order = checkpoint_order(newest)
-    older = sorted((order, d) for d in os.listdir(save_dir)
-                   if (order := checkpoint_order(d)) is not None and order < newest_order)
-    for _, old in older[:max(0, len(older) - (keep_last - 1))]:
+    lineage, name = [], newest
+    while name and os.path.isdir(os.path.join(save_dir, name)) and name not in lineage:
+        lineage.append(name)
+        try:
+            with open(os.path.join(save_dir, name, MANIFEST)) as f:
+                name = json.load(f).get("parent")
+        except (OSError, ValueError):
+            break
+    for old in lineage[keep_last:]:
         shutil.rmtree(os.path.join(save_dir, old))
 
 

@@ -24,7 +24,8 @@ PREEMPTED = 4          # exit status after a signal: the checkpoint is written; 
 
 
 def start_from(engine, cfg, scaler):
-    """Collective. Set the starting weights; returns (first step, note for the log or None)."""
+    """Collective. Set the starting weights; returns (first step, note for the log or None,
+    lineage: {"parent": the resumed checkpoint's folder name when it lies in --save-dir})."""
     comm = engine.comm
     folder, note, error, state = None, None, None, None
     try:
@@ -40,14 +41,19 @@ def start_from(engine, cfg, scaler):
             engine.init_params(cfg.seed)
     except (CheckpointError, WeightsError) as e:
         error = str(e)
+    except (KeyError, TypeError, ValueError) as e:       # a manifest that passed the checks but still does not fit
+        error = f"{folder or cfg.init_weights}: unusable ({type(e).__name__}: {e})"
     if error is None:
         error = _unrepresentable(engine, cfg.init_weights or folder)
     comm.check_all(error)
     if cfg.resume == "latest" and folder is None:
         note = f"no checkpoint in {cfg.save_dir} yet: starting from step 0"
+    in_save_dir = (folder is not None and cfg.save_dir and
+                   os.path.dirname(os.path.abspath(folder)) == os.path.abspath(cfg.save_dir))
+    lineage = {"parent": os.path.basename(os.path.abspath(folder)) if in_save_dir else None}
     if state is None:
-        return 0, note
-    if scaler.enabled:
+        return 0, note, lineage
+    if scaler.enabled and state["dtype"] == "float16":      # another dtype's scale (1.0) means nothing here
         scaler.scale, scaler.good_steps = state["loss_scale"], state["loss_scale_good_steps"]
     changed = [f"{flag} {state['run'][key]} -> {value}" for key, flag, value in _run_settings(cfg)
                if key in state["run"] and state["run"][key] != value]
@@ -55,7 +61,7 @@ def start_from(engine, cfg, scaler):
     if changed:
         note += (f"; note: {', '.join(changed)} since the checkpoint: the run continues from there, but "
                  f"not as the uninterrupted run would have")
-    return state["step"], note
+    return state["step"], note, lineage
 
 
 RUN_SETTINGS = (("steps", "--steps"), ("lr", "--lr"), ("lr_schedule", "--lr-schedule"),
@@ -86,12 +92,15 @@ def _data_order_mismatch(state, cfg, folder):
     return None
 
 
-def save_training_checkpoint(engine, cfg, step, scaler):
-    """Collective: checkpoint after `step` steps into --save-dir; exits on failure (status 2)."""
+def save_training_checkpoint(engine, cfg, step, scaler, lineage):
+    """Collective: checkpoint after `step` steps into --save-dir; exits on failure (status 2).
+    lineage: {"parent": the previous checkpoint's folder name in --save-dir, or None}."""
     state = {"step": step, "loss_scale": scaler.scale, "loss_scale_good_steps": scaler.good_steps,
              "seed": cfg.seed, "shuffle": cfg.shuffle, "batch_size": cfg.batch_size,
-             "run": {key: value for key, _, value in _run_settings(cfg)}}
-    engine.comm.check_all(save_checkpoint(engine, cfg.save_dir, state, cfg.keep_last))
+             "parent": lineage["parent"], "run": {key: value for key, _, value in _run_settings(cfg)}}
+    error, published = save_checkpoint(engine, cfg.save_dir, state, cfg.keep_last)
+    engine.comm.check_all(error)
+    lineage["parent"] = published           # rank 0 writes the manifests; the others keep None
 
 
 class Preemption:

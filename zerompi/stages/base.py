@@ -49,7 +49,9 @@ class ZeroStage:
 
     def set_unit_params(self, unit, values):
         """Initial or loaded parameters, values (numel,) float64, the same on every rank; in mixed
-        precision the fp32 master copy of the owned part too."""
+        precision the fp32 master copy of the owned part too, and the 16-bit parameters rounded
+        from that master (so that params == round(master) always, as after every Adam step)."""
+        values = values.astype(self.precision.compute)
         self.store_unit_params(unit, values)
         if self.adam.master is not None:
             _, _, state, (lo, hi) = self.owned(unit)
