@@ -16,7 +16,6 @@ BLAS threads per rank: OMP_NUM_THREADS when the user (or a Slurm script, from --
 set it, else the CPUs this process may run on (its affinity mask) divided by the ranks on its
 node, at least 1.
 """
-import os
 
 # The innermost launcher first: `mpirun` inside a Slurm allocation starts its proxies with srun, so
 # its ranks also inherit the proxy step's SLURM_* variables (one task per node), which then say

@@ -14,7 +14,6 @@ master from the checkpoint's master, or from its parameters when it has none. m 
 saved and converted to this run's state dtype. Adam's step count and the training position come
 from the manifest.
 """
-import numpy as np
 
 from .files import CheckpointError, CheckpointReader
 

@@ -1,0 +1,275 @@
+"""Step time of zerompi's ZeRO stages 0-3, beside the machine's limits and (optionally) PyTorch.
+
+    mpirun -n 2 python benchmarks/step_time.py [--sizes 1024,2048,2048,2048,2048,10]
+        [--batch-per-rank 64] [--repeats 5] [--steps 10] [--warmup 3] [--stages 0,1,2,3]
+        [--peers ddp,zero,fsdp|none] [--json PATH]
+
+Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shapes):
+  zerompi   per stage: build_engine, init_params(0), random data per rank, `warmup` steps, then
+            `repeats` x (Barrier; time `steps` train_steps). A repeat's time is the max over ranks
+            of its mean step time; we print the median over repeats. "comm" is the exposed
+            (blocking) time of the grads+params collectives from the engine's CommLedger, per step.
+            Memory: the MemoryLedger's total, and the process RSS (current, and peak so far).
+  limits    measured in this run, with all ranks busy at once as in training:
+            GEMM rate at the step's shapes (B x I x O, the three GEMMs of a linear layer),
+            memory bandwidth of an in-place ufunc over 64 MB float32 (read + write = 2 x 64 MB),
+            Allreduce / Reduce_scatter_block / Allgather of a model-sized float32 buffer.
+  floor     compute = training FLOPs per rank and step / GEMM rate;
+            optimizer = 7 compulsory passes (read p, g, m, v; write p, m, v) x 4 B x owned
+                        elements / bandwidth (zerompi's chunked AdamW makes ~14 ufunc passes per
+                        chunk, but the chunk stays in cache); "adam" prints AdamW.update measured
+                        alone on the owned size, for comparison;
+            comm = allreduce (stage 0), RS + AG (stages 1-2), RS + 2 AG (stage 3), measured as
+                   one model-sized call each and as one call per unit (as zerompi calls them);
+                   the floor takes the faster of the two.
+            The floor leaves out GELU, the loss and bias sums, and assumes no overlap (zerompi
+            overlaps nothing). ratio = step / floor.
+  peers     benchmarks/peers_torch.py (only if torch imports): DDP, ZeroRedundancyOptimizer,
+            FSDP2; ratio = zerompi stage / peer (DDP~0, ZeRO~1, FSDP~3); > 1 means zerompi is slower.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+from threadpoolctl import threadpool_info, threadpool_limits
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from zerompi.adam import AdamConfig, AdamW            # noqa: E402
+from zerompi.engine import build_engine              # noqa: E402
+from zerompi.ledger import MemoryLedger              # noqa: E402
+from zerompi.precision import precision_for          # noqa: E402
+from zerompi.train_step import train_step            # noqa: E402
+
+COMM = MPI.COMM_WORLD
+RANK, N = COMM.Get_rank(), COMM.Get_size()
+LR = 1e-3
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="1024,2048,2048,2048,2048,10")
+    p.add_argument("--batch-per-rank", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--peers", default="ddp,zero,fsdp", help="comma list, or none")
+    p.add_argument("--json", default=None, help="write every number to this file (rank 0)")
+    args = p.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.stages = [int(s) for s in args.stages.split(",")]
+    args.peers = [] if args.peers == "none" else args.peers.split(",")
+    return args
+
+
+def timed_repeats(step, repeats, steps, warmup):
+    """Median over repeats of (max over ranks of the mean time of `steps` calls to step())."""
+    for _ in range(warmup):
+        step()
+    per_repeat = []
+    for _ in range(repeats):
+        COMM.Barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        per_repeat.append(COMM.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX))
+    return statistics.median(per_repeat), per_repeat
+
+
+def concurrent_time(fn, reps):
+    """Median seconds of fn() with all ranks running it at the same moment (max over ranks)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        COMM.Barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(COMM.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return statistics.median(times)
+
+
+def rss_now_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def training_flops(sizes, B):
+    """Per rank and step: forward x@W.T, backward dy.T@x and dy@W (none for the first layer)."""
+    flops = 0
+    for i, (I, O) in enumerate(zip(sizes[:-1], sizes[1:])):
+        flops += 2 * B * I * O * (2 if i == 0 else 3)
+    return flops
+
+
+def measure_limits(sizes, B, numel_full):
+    rng = np.random.default_rng(RANK)
+    I = O = max(sizes)
+    x, W, dy = (rng.standard_normal(s, dtype=np.float32) for s in [(B, I), (O, I), (B, O)])
+    out_f, out_w, out_x = np.empty((B, O), np.float32), np.empty((O, I), np.float32), np.empty((B, I), np.float32)
+    gemm_flops = 2 * B * I * O
+    kinds = {"x@W.T": lambda: np.matmul(x, W.T, out=out_f),
+             "dy.T@x": lambda: np.matmul(dy.T, x, out=out_w),
+             "dy@W": lambda: np.matmul(dy, W, out=out_x)}
+    gemm = {}
+    for name, fn in kinds.items():
+        seconds = concurrent_time(lambda: [fn() for _ in range(10)], 5) / 10
+        gemm[name] = gemm_flops / seconds / 1e9
+    gemm["all3"] = 3 / sum(1 / r for r in gemm.values())         # harmonic: equal FLOPs each
+    buf = np.ones(16 * 2**20, np.float32)                                   # 64 MB
+    seconds = concurrent_time(lambda: [np.multiply(buf, 1.0000001, out=buf) for _ in range(5)], 5) / 5
+    bandwidth = 2 * buf.nbytes / seconds / 1e9
+    coll = {how: collectives(sizes, how) for how in ("model", "per_unit")}
+    return {"gemm_shape": [B, I, O], "gemm_gflops": gemm, "bandwidth_gbs": bandwidth,
+            "collective_s": coll, "collective_bytes": 4 * numel_full}
+
+
+def collectives(sizes, how):
+    """Seconds of each collective over the whole model: one model-sized call, or one call per
+    unit (layer) as zerompi makes them (MPI may pick a different algorithm per message size)."""
+    layout = build_engine(sizes, 0, precision_for("float32"), AdamConfig(), 1).layout
+    counts = [layout.full_numel] if how == "model" else [u.padded for u in layout.units]
+    fulls = [np.ones(n, np.float32) for n in counts]
+    shards = [np.empty(n // N, np.float32) for n in counts]
+    pairs = list(zip(fulls, shards))
+    return {"allreduce": concurrent_time(lambda: [COMM.Allreduce(MPI.IN_PLACE, f, op=MPI.SUM) for f in fulls], 5),
+            "reduce_scatter": concurrent_time(lambda: [COMM.Reduce_scatter_block(f, s, op=MPI.SUM)
+                                                       for f, s in pairs], 5),
+            "allgather": concurrent_time(lambda: [COMM.Allgather(s, f) for f, s in pairs], 5)}
+
+
+def measure_adam(numel, seconds_reps=5):
+    """AdamW.update alone on `numel` float32 elements (one rank's owned state)."""
+    adam = AdamW(numel, precision_for("float32"), AdamConfig(), MemoryLedger())
+    p, g = np.ones(numel, np.float32), np.full(numel, 1e-3, np.float32)
+
+    def step():
+        adam.begin_step()
+        adam.update(p, g, slice(0, numel), LR)
+    return concurrent_time(step, seconds_reps)
+
+
+def bench_stage(stage, args):
+    B = args.batch_per_rank
+    engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B)
+    engine.init_params(0)
+    rng = np.random.default_rng(1000 + RANK)
+    x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
+    y = rng.integers(0, args.sizes[-1], B)
+    step = lambda: train_step(engine.zero, engine.mlp, [(x, y)], B * N, LR)   # noqa: E731
+    ledger = engine.comm.ledger
+    for _ in range(args.warmup):
+        step()
+    before = ledger.totals({"grads", "params"})
+    median, per_repeat = timed_repeats(step, args.repeats, args.steps, 0)
+    after = ledger.totals({"grads", "params"})
+    comm_s = COMM.allreduce((after[3] - before[3]) / (args.repeats * args.steps), op=MPI.MAX)
+    owned = engine.layout.shard_numel if stage >= 1 else engine.layout.full_numel
+    return {"step_s": median, "repeats_s": per_repeat, "comm_s": comm_s,
+            "ring_mb_per_step": (after[1] - before[1]) / (args.repeats * args.steps) / 1e6,
+            "ledger_mb": COMM.allreduce(engine.memory.total_bytes, op=MPI.MAX) / 1e6,
+            "rss_now_mb": COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6,
+            "rss_peak_mb": COMM.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                                          op=MPI.MAX) / 1e6,
+            "owned_elements": owned, "full_elements": engine.layout.full_numel,
+            "num_params": engine.layout.num_params}
+
+
+def floors(stage, res, limits, flops):
+    def comm_time(c):
+        return {0: c["allreduce"], 1: c["reduce_scatter"] + c["allgather"],
+                2: c["reduce_scatter"] + c["allgather"], 3: c["reduce_scatter"] + 2 * c["allgather"]}[stage]
+    comm = min(comm_time(c) for c in limits["collective_s"].values())    # the faster way of calling
+    compute = flops / (limits["gemm_gflops"]["all3"] * 1e9)
+    optimizer = 7 * 4 * res["owned_elements"] / (limits["bandwidth_gbs"] * 1e9)
+    return {"compute_s": compute, "optimizer_s": optimizer, "comm_s": comm,
+            "total_s": compute + optimizer + comm}
+
+
+def blas_report():
+    info = [{k: d.get(k) for k in ("user_api", "internal_api", "architecture", "version", "num_threads")}
+            for d in threadpool_info()]
+    env = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    return {"threadpools": info, "env": env}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = {"args": vars(args), "ranks": N, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    with threadpool_limits(limits=1):
+        out["blas"] = blas_report()
+        probe = build_engine(args.sizes, 0, precision_for("float32"), AdamConfig(), 1)
+        numel_full, num_params = probe.layout.full_numel, probe.layout.num_params
+        del probe
+        flops = training_flops(args.sizes, args.batch_per_rank)
+        out["flops_per_rank_step"] = flops
+        out["limits"] = limits = measure_limits(args.sizes, args.batch_per_rank, numel_full)
+        out["stages"] = {}
+        for stage in args.stages:
+            res = bench_stage(stage, args)
+            res["adam_alone_s"] = measure_adam(res["owned_elements"])
+            res["floor"] = floors(stage, res, limits, flops)
+            out["stages"][stage] = res
+        out["peers"] = {}
+        if args.peers:
+            try:
+                from peers_torch import run_peers
+                out["peers"] = run_peers(COMM, args, timed_repeats)
+            except ImportError as e:
+                out["peers"] = {"error": f"torch not available: {e}"}
+    if RANK == 0:
+        print_table(out, num_params)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1, default=str)
+            print(f"wrote {args.json}")
+
+
+def print_table(out, num_params):
+    a, lim = out["args"], out["limits"]
+    ms = lambda s: f"{1e3 * s:8.1f}"    # noqa: E731
+    print(f"zerompi step time | {out['ranks']} ranks x 1 BLAS thread | MLP {'-'.join(map(str, a['sizes']))} "
+          f"({num_params:,} params, float32) | batch {a['batch_per_rank']}/rank | "
+          f"median of {a['repeats']} x {a['steps']} steps")
+    for tp in out["blas"]["threadpools"]:
+        print(f"BLAS: {tp['user_api']}: {tp['internal_api']} {tp['version']} kernel {tp['architecture']}")
+    env = out["blas"]["env"]
+    print(f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']} OPENBLAS_L2_SIZE={env['OPENBLAS_L2_SIZE']}"
+          + ("  (unsetting both may select a faster kernel)" if any(env.values()) else ""))
+    g = lim["gemm_gflops"]
+    print(f"\nlimits (all ranks at once): GEMM {'x'.join(map(str, lim['gemm_shape']))} GFLOP/s per rank: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in g.items()))
+    print(f"  ufunc bandwidth {lim['bandwidth_gbs']:.1f} GB/s per rank | collectives on {lim['collective_bytes'] / 1e6:.1f} MB")
+    for how, c in lim["collective_s"].items():
+        print(f"    {how:>8} calls: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in c.items()))
+    print(f"  training FLOPs per rank and step: {out['flops_per_rank_step'] / 1e9:.2f} GFLOP")
+    print("\nstage  step ms  comm ms  adam ms | floor: compute  optim   comm  total | ratio | "
+          "ledger MB  RSS MB  peak MB")
+    for stage, r in out["stages"].items():
+        f = r["floor"]
+        print(f"{stage:>5} {ms(r['step_s'])} {ms(r['comm_s'])} {ms(r['adam_alone_s'])} |      "
+              f"{ms(f['compute_s'])}{ms(f['optimizer_s'])[1:]}{ms(f['comm_s'])[1:]}{ms(f['total_s'])[1:]} | "
+              f"{r['step_s'] / f['total_s']:5.2f} | {r['ledger_mb']:9.1f} {r['rss_now_mb']:7.1f} "
+              f"{r['rss_peak_mb']:8.1f}")
+    peers = out["peers"]
+    if not peers:
+        return
+    print("\npeer                        step ms | zerompi stage  step ms | zerompi/peer")
+    match = {"ddp": 0, "zero": 1, "fsdp": 3}
+    for name, p in peers.items():
+        if "error" in p or name == "error":
+            print(f"{name:<27} failed: {p['error'] if isinstance(p, dict) else p}")
+            continue
+        st = out["stages"].get(match.get(name))
+        mine = (f"{match[name]:>13} {ms(st['step_s'])} | {st['step_s'] / p['step_s']:12.2f}"
+                if st else "            - ")
+        print(f"{p['label']:<27} {ms(p['step_s'])} | {mine}")
+
+
+if __name__ == "__main__":
+    main()
