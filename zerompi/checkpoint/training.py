@@ -54,7 +54,8 @@ def start_from(engine, cfg, scaler):
     if state is None:
         return 0, note, lineage
     if scaler.enabled and state["dtype"] == "float16":      # another dtype's scale (1.0) means nothing here
-        scaler.scale, scaler.good_steps = state["loss_scale"], state["loss_scale_good_steps"]
+        scaler.scale = state["loss_scale"]
+        scaler.good_steps = min(state["loss_scale_good_steps"], scaler.growth_interval - 1)
     changed = [f"{flag} {state['run'][key]} -> {value}" for key, flag, value in _run_settings(cfg)
                if key in state["run"] and state["run"][key] != value]
     note = f"resumed from {folder} at step {state['step']}"
