@@ -19,12 +19,15 @@ computes exactly the update that single-process Adam computes for those elements
 The update runs in place over chunks of CHUNK elements with preallocated scratch of that size,
 so it allocates nothing per step and keeps each chunk in cache across its passes. A full-precision
 gradient is unscaled or clipped in place (it is not needed afterwards); a 16-bit one is widened
-into a second chunk-sized scratch.
+into a second chunk-sized scratch. On a GPU the whole update is one fused kernel
+(zerompi/gpu_kernels.py): one read of g, p, m, v and one write of p, m, v, and no scratch.
 """
 import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from . import gpu_kernels
 
 CHUNK = 32768
 
@@ -47,9 +50,10 @@ class AdamW:
         self.m = ledger.alloc("optimizer", "adam.m", (numel,), dtype)
         self.v = ledger.alloc("optimizer", "adam.v", (numel,), dtype)
         chunk = min(numel, CHUNK)
-        self.scratch = ledger.alloc("work", "adam.scratch", (chunk,), dtype)
+        on_cpu = ledger.device.xp is np                  # the fused GPU kernel needs no scratch
+        self.scratch = ledger.alloc("work", "adam.scratch", (chunk,), dtype) if on_cpu else None
         self.grad_scratch = (ledger.alloc("work", "adam.grad_scratch", (chunk,), dtype)   # 16-bit grads widened
-                             if precision.mixed else None)
+                             if precision.mixed and on_cpu else None)
         self.t = 0
 
     def begin_step(self):
@@ -64,6 +68,10 @@ class AdamW:
         sqrt_bias2 = math.sqrt(1.0 - c.beta2 ** self.t)
         master = param if self.master is None else self.master[state_slice]
         m, v = self.m[state_slice], self.v[state_slice]
+        if not isinstance(param, np.ndarray):        # a GPU: the same math in one fused kernel
+            gpu_kernels.adamw(grad, master, m, v, param, grad_multiplier, decay, c.beta1, c.beta2,
+                              step_size, sqrt_bias2, c.eps)
+            return
         for lo in range(0, param.size, CHUNK):
             hi = min(lo + CHUNK, param.size)
             p, g, m_c, v_c = master[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi]

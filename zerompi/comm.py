@@ -23,16 +23,46 @@ the same volume as plain data parallelism.
 bits once (zerompi/precision.py says why); all-gathers move the 16-bit words as they are. The
 ledger records the buffer that actually went to MPI, so its bytes show the widened reductions.
 
+Device memory (CuPy arrays, zerompi/device.py): before any MPI call on device memory the CUDA
+stream that produced it is synchronized (mpi4py hands MPI the raw pointer and does not wait).
+A CUDA-aware MPI (zerompi/mpi_cuda.py) then reads and writes the device buffer itself; any other
+MPI gets a preallocated pinned host buffer, one unit's worth (`host_staging`):
+
+    reduce-scatter:  device full --copy--> host --Reduce_scatter_block(IN_PLACE)--> host[:n/N]
+                     --copy--> device shard
+    all-gather:      device block r --copy--> host[r-th block] --Allgather(IN_PLACE)--> host
+                     --copy--> device full
+    all-reduce:      device --copy--> host --Allreduce(IN_PLACE)--> host --copy--> device
+
+The ledger's seconds include those copies: they are part of what the collective costs there.
+
+MPI is initialized when the first Communicator is built, not when this module is imported, so
+that zerompi/device.py can choose the GPU first.
+
 `check_all` turns an error found on some ranks into the same clean exit on all of them.
 """
+import atexit
+import os
 import sys
 import time
 
-from mpi4py import MPI
-import numpy as np
+import mpi4py
+mpi4py.rc.initialize = False          # MPI starts in init_mpi(), after the device is chosen
+from mpi4py import MPI                # noqa: E402
+import numpy as np                    # noqa: E402
 
-from .ledger import CommLedger
-from .precision import is_16bit
+from .device import CPU               # noqa: E402
+from .ledger import CommLedger        # noqa: E402
+from .mpi_cuda import cuda_aware      # noqa: E402
+from .precision import is_16bit       # noqa: E402
+
+
+def init_mpi():
+    """Initialize MPI once (threads allowed to call it: MPI_THREAD_MULTIPLE, mpi4py's default),
+    and finalize it at exit."""
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
 
 
 def _words(buf):
@@ -41,12 +71,23 @@ def _words(buf):
 
 
 class Communicator:
-    def __init__(self, mpi_comm=None):
+    def __init__(self, mpi_comm=None, device=None, mpi_reads_device_memory=None):
+        """device: where the training buffers live (zerompi/device.py; the CPU by default).
+        mpi_reads_device_memory: whether MPI is CUDA-aware; None asks the library (zerompi/mpi_cuda.py)."""
+        init_mpi()
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
         self.ledger = CommLedger()
+        self.device = device if device is not None else CPU()
+        self.cuda_aware, self.cuda_aware_how = False, "not asked: no GPU"
+        if self.device.is_gpu:
+            self.cuda_aware, self.cuda_aware_how = (
+                cuda_aware(MPI, os.environ) if mpi_reads_device_memory is None
+                else (mpi_reads_device_memory, "set by the caller"))
+        self.stages_through_host = self.device.is_gpu and not self.cuda_aware
         self.staging_full = self.staging_shard = None   # see reserve_staging
+        self.host_staging = None                        # see reserve_host_staging
 
     def reserve_staging(self, memory, max_elements, reduce_dtype):
         """Staging for reductions that cannot run on the buffer itself: 16-bit buffers (widened
@@ -55,6 +96,20 @@ class Communicator:
         self.staging_full = memory.alloc("work", "comm.staging_full", (max_elements,), reduce_dtype)
         self.staging_shard = memory.alloc("work", "comm.staging_shard", (max_elements // self.size,),
                                           reduce_dtype)
+
+    def describe_transport(self):
+        """One line for the start of a run: how collectives reach device memory, and why."""
+        if not self.device.is_gpu:
+            return "MPI on host memory"
+        how = "device buffers straight to MPI" if self.cuda_aware else "staged through pinned host memory"
+        return f"MPI CUDA-aware: {'yes' if self.cuda_aware else 'no'} ({self.cuda_aware_how}): {how}"
+
+    def reserve_host_staging(self, memory, max_bytes):
+        """Pinned host memory for the largest collective on device memory (one unit in the
+        widest dtype MPI sees), when MPI is not CUDA-aware; ledgered as work memory."""
+        if self.stages_through_host:
+            self.host_staging = self.device.pinned_bytes(max_bytes)
+            memory.record("work", "comm.host_staging (pinned host)", self.host_staging)
 
     def _record(self, op, purpose, wire_buffer, start):
         self.ledger.record(op, purpose, wire_buffer, self.size, time.perf_counter() - start)
@@ -66,7 +121,7 @@ class Communicator:
             wire = self.staging_full[:buf.size]
             wire[...] = buf                                # widen
         start = time.perf_counter()
-        self.mpi.Allreduce(MPI.IN_PLACE, wire, op=MPI.SUM)
+        self._sum_all(wire)
         self._record("allreduce", purpose, wire, start)
         if wire is not buf:
             buf[...] = wire                                # round once
@@ -79,7 +134,7 @@ class Communicator:
             send[...] = full                               # widen
         recv = self.staging_shard[:shard.size] if (accumulate or send is not full) else shard
         start = time.perf_counter()
-        self.mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
+        self._sum_scatter(send, recv)
         self._record("reduce_scatter", purpose, send, start)
         if accumulate:
             shard += recv                                  # gradient accumulation: add this micro-batch
@@ -94,21 +149,78 @@ class Communicator:
             self.reduce_scatter_sum(full, shard, purpose)  # via staging; shard is read first
             return shard
         start = time.perf_counter()
-        self.mpi.Reduce_scatter_block(MPI.IN_PLACE, full, op=MPI.SUM)
+        self._sum_scatter(full, None)
         self._record("reduce_scatter", purpose, full, start)
         return shard
 
     def allgather(self, shard, full, purpose):
         """full (n,) <- every rank's shard (n/N,), in rank order; 16-bit values travel as 16-bit words."""
         start = time.perf_counter()
-        self.mpi.Allgather(_words(shard), _words(full))
+        self._gather_all(_words(full), _words(shard))
         self._record("allgather", purpose, full, start)
 
     def allgather_in_place(self, full, purpose):
         """MPI_IN_PLACE: this rank's block of `full` is already in place."""
         start = time.perf_counter()
-        self.mpi.Allgather(MPI.IN_PLACE, _words(full))
+        self._gather_all(_words(full), None)
         self._record("allgather", purpose, full, start)
+
+    # ---- transport: the only code that moves training buffers between ranks (zerompi/comm_nccl.py
+    # overrides these three). Device memory goes to a CUDA-aware MPI directly, once its stream is
+    # done, or through the pinned host staging (the pictures in the module docstring).
+    def _sum_all(self, buf):
+        """buf (n,) <- the sum over ranks of buf."""
+        if self._staged(buf):
+            host = self._to_host_staging(buf)
+            self.mpi.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+            self.device.copy_from_host(host, buf)
+        else:
+            self._wait_for(buf)
+            self.mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def _sum_scatter(self, send, recv):
+        """recv (n/N,) <- the sum over ranks of this rank's block of send (n,); recv None: in
+        place, the result lands in send[:n/N]."""
+        if self._staged(send):
+            host = self._to_host_staging(send)              # reduced in place on the host copy
+            self.mpi.Reduce_scatter_block(MPI.IN_PLACE, host, op=MPI.SUM)
+            result = host[:send.size // self.size]
+            self.device.copy_from_host(result, recv if recv is not None else send[:result.size])
+        else:
+            self._wait_for(send)
+            self.mpi.Reduce_scatter_block(MPI.IN_PLACE if recv is None else send,
+                                          send if recv is None else recv, op=MPI.SUM)
+
+    def _gather_all(self, full, shard):
+        """full (n,) <- every rank's block of n/N elements, in rank order; this rank's block comes
+        from shard (n/N,), or is already in place in full when shard is None."""
+        block = slice(self.rank * (full.size // self.size), (self.rank + 1) * (full.size // self.size))
+        if self._staged(full):
+            host = self._host_twin(full)
+            self.device.copy_to_host(shard if shard is not None else full[block], host[block])
+            self.mpi.Allgather(MPI.IN_PLACE, host)
+            self.device.copy_from_host(host, full)
+        else:
+            self._wait_for(full)
+            self.mpi.Allgather(MPI.IN_PLACE if shard is None else shard, full)
+
+    def _staged(self, array):
+        """Whether array goes through the host staging: device memory, and an MPI that cannot read it."""
+        return self.host_staging is not None and self.device.holds(array)
+
+    def _wait_for(self, array):
+        """Before MPI reads or writes device memory: wait for the kernels that produce it."""
+        if self.device.holds(array):
+            self.device.synchronize()
+
+    def _host_twin(self, array):
+        """The first array.nbytes of the host staging, as a 1-D array of array's dtype."""
+        return self.host_staging[:array.nbytes].view(array.dtype)
+
+    def _to_host_staging(self, array):
+        host = self._host_twin(array)
+        self.device.copy_to_host(array, host)               # waits for the kernels that produce it
+        return host
 
     def gather_to_root(self, send, recv):
         """Rank 0 receives every rank's equal-sized `send` into recv (size, ...); not ledgered

@@ -8,8 +8,12 @@ import argparse
 import math
 from dataclasses import dataclass, fields
 
+from .device import DEVICE_CHOICES
 from .precision import DTYPE_NAMES
 from .schedule import SCHEDULES
+
+
+COMM_CHOICES = ("mpi", "nccl")
 
 
 @dataclass
@@ -44,6 +48,8 @@ class TrainConfig:
     resume: str = ""                # "latest": from --save-dir's newest checkpoint if any; or a folder
     log_every: int = 25             # print loss and accuracy every this many steps (0: never)
     report: str = "table"           # end-of-run ledger: table, json (only JSON on stdout) or none
+    device: str = "auto"            # cpu (NumPy), gpu (CuPy), or auto: the GPU when CuPy sees one
+    comm: str = "mpi"               # collectives through MPI, or nccl (GPU only, NCCL via CuPy)
 
 
 class ArgumentError(Exception):
@@ -129,7 +135,24 @@ def build_parser(rank=0):
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines (0: none)")
     p.add_argument("--report", default=d.report, metavar="{table,json,none}",
                    help="end-of-run ledger; json: stdout holds only the JSON report, progress goes to stderr")
+    p.add_argument("--device", default=d.device, metavar="{" + ",".join(DEVICE_CHOICES) + "}",
+                   help="where the arrays live: cpu (NumPy), gpu (CuPy, one GPU per rank from the local "
+                        "rank), auto (the GPU when CuPy sees one)")
+    p.add_argument("--comm", default=d.comm, metavar="{" + ",".join(COMM_CHOICES) + "}",
+                   help="collectives through MPI (CUDA-aware or staged through pinned host memory), or "
+                        "NCCL (GPU only; MPI still starts the job)")
     return p
+
+
+def device_choice(argv):
+    """--device from a command line, read before MPI starts (zerompi/device.py says why); a
+    missing or bad value reads as the default, and the full parse reports it later."""
+    peek = _Parser(rank=None, add_help=False)
+    peek.add_argument("--device", default=TrainConfig.device)
+    try:
+        return peek.parse_known_args(argv)[0].device
+    except ArgumentError:             # e.g. "--device" without a value
+        return TrainConfig.device
 
 
 def parse_args(argv, rank=0):
@@ -148,6 +171,12 @@ def check_config(cfg, num_ranks):
         return f"unknown --lr-schedule {cfg.lr_schedule!r}: choose {' or '.join(SCHEDULES)}"
     if cfg.report not in ("table", "json", "none"):
         return f"unknown --report {cfg.report!r}: choose table, json or none"
+    if cfg.device not in DEVICE_CHOICES:
+        return f"unknown --device {cfg.device!r}: choose {', '.join(DEVICE_CHOICES)}"
+    if cfg.comm not in COMM_CHOICES:
+        return f"unknown --comm {cfg.comm!r}: choose {' or '.join(COMM_CHOICES)}"
+    if cfg.comm == "nccl" and cfg.device == "cpu":
+        return "--comm nccl needs --device gpu (NCCL moves GPU memory only)"
     for name in ("batch_size", "steps", "grad_accum", "loss_scale_window"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"

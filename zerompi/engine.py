@@ -1,7 +1,8 @@
 """Assembling a run: layout, ledgers, the ZeRO stage and the MLP's activations, on one rank.
 
     layout  = Layout(sizes, N)              where each unit lives (zerompi/layout.py)
-    memory  = MemoryLedger()                every buffer below is allocated through it
+    memory  = MemoryLedger(comm.device)     every buffer below is allocated through it, on the
+                                            communicator's device (NumPy or CuPy, zerompi/device.py)
     zero    = STAGES[stage](layout, ...)    parameters, gradients, Adam state, collectives
     mlp     = MLP(layout, batch_rows, ...)  activation buffers for this rank's rows of a micro-batch
 """
@@ -31,7 +32,7 @@ class Engine:
 def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None, micro_batches=1):
     comm = comm if comm is not None else Communicator()
     layout = Layout(sizes, comm.size)
-    memory = MemoryLedger()
+    memory = MemoryLedger(comm.device)
     zero = STAGES[stage](layout, comm, memory, precision, adam_config, micro_batches)
     mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
     return Engine(layout, comm, memory, zero, mlp)

@@ -25,10 +25,17 @@ ranks' gradients (what reduce-scatter and all-reduce do) gives exactly the gradi
 mean loss: no separate averaging pass is needed.
 
 All functions are checked against finite differences in float64 (tests/test_layers.py).
+
+Every function computes with the array module of its arguments (NumPy, or CuPy on a GPU: see
+zerompi/device.py). On a GPU the two GELU functions run as one fused kernel each
+(zerompi/gpu_kernels.py) instead of the chain of in-place passes written out below.
 """
 import math
 
 import numpy as np
+
+from . import gpu_kernels
+from .device import array_module
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
@@ -36,28 +43,33 @@ GELU_A = 0.044715
 
 def linear_forward(x, weight, bias, y):
     """y (B, O) = x (B, I) @ weight (O, I)^T + bias (O,)."""
-    np.matmul(x, weight.T, out=y)
+    xp = array_module(x)
+    xp.matmul(x, weight.T, out=y)
     y += bias
 
 
 def linear_backward(dy, x, weight, dweight, dbias, dx):
     """Given dy (B, O) and the forward input x (B, I): write dweight (O, I), dbias (O,), and
     dx (B, I) unless dx is None (the first layer needs no input gradient)."""
-    np.matmul(dy.T, x, out=dweight)      # dW = dy^T x
-    np.sum(dy, axis=0, out=dbias)        # db = sum over rows of dy
+    xp = array_module(dy)
+    xp.matmul(dy.T, x, out=dweight)      # dW = dy^T x
+    xp.sum(dy, axis=0, out=dbias)        # db = sum over rows of dy
     if dx is not None:
-        np.matmul(dy, weight, out=dx)    # dx = dy W
+        xp.matmul(dy, weight, out=dx)    # dx = dy W
 
 
 def gelu_forward(x, y, tanh_u):
     """y (B, O) = GELU(x); keeps tanh_u (B, O) = tanh(u) for the backward."""
-    np.multiply(x, x, out=tanh_u)
+    xp = array_module(x)
+    if xp is not np:
+        return gpu_kernels.gelu_forward(x, y, tanh_u)
+    xp.multiply(x, x, out=tanh_u)
     tanh_u *= GELU_A
     tanh_u += 1.0
     tanh_u *= x
     tanh_u *= GELU_C                     # u = sqrt(2/pi) (x + a x^3)
-    np.tanh(tanh_u, out=tanh_u)          # t = tanh(u)
-    np.add(tanh_u, 1.0, out=y)
+    xp.tanh(tanh_u, out=tanh_u)          # t = tanh(u)
+    xp.add(tanh_u, 1.0, out=y)
     y *= x
     y *= 0.5                             # y = x/2 (1 + t)
 
@@ -65,16 +77,19 @@ def gelu_forward(x, y, tanh_u):
 def gelu_backward(dy, x, tanh_u, dx):
     """dx (B, O) = dy * GELU'(x), from the forward's x and tanh_u. Uses tanh_u as scratch (it is
     consumed: a layer's backward is its last use). dx must not alias dy or x."""
+    xp = array_module(x)
+    if xp is not np:
+        return gpu_kernels.gelu_backward(dy, x, tanh_u, dx)
     # GELU'(x) = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3a x^2)
     #          = (1 + t)/2 * (1 + q (1 - t))        with q = c x (1 + 3a x^2), 1 - t^2 = (1 + t)(1 - t)
     #          = (1 - s/2) * (1 + q s)              with s = 1 - t
-    np.multiply(x, x, out=dx)
+    xp.multiply(x, x, out=dx)
     dx *= 3.0 * GELU_A
     dx += 1.0
     dx *= x
     dx *= GELU_C                         # q = c x (1 + 3a x^2)
     s = tanh_u
-    np.subtract(1.0, tanh_u, out=s)      # s = 1 - t
+    xp.subtract(1.0, tanh_u, out=s)      # s = 1 - t
     dx *= s
     dx += 1.0                            # 1 + q s
     s *= -0.5
@@ -89,14 +104,16 @@ def softmax_cross_entropy(logits, labels, global_batch, dlogits, loss_scale=1.0)
     logits (B, C), labels (B,) int -> returns (loss_part, correct); writes
     dlogits (B, C) = loss_scale (softmax(logits) - onehot(labels)) / global_batch. dlogits may alias logits.
     loss_part summed over ranks is the mean loss of the global batch; correct counts argmax hits.
+    Both are scalars where the arrays live (0-d CuPy arrays on a GPU: reading them would wait).
     """
-    rows = np.arange(labels.shape[0])
-    correct = int(np.count_nonzero(np.argmax(logits, axis=1) == labels))
-    np.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)   # z - max z (stable)
+    xp = array_module(logits)
+    rows = xp.arange(labels.shape[0])
+    correct = xp.count_nonzero(xp.argmax(logits, axis=1) == labels)
+    xp.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)   # z - max z (stable)
     picked = dlogits[rows, labels].copy()                                # z_label - max z
-    np.exp(dlogits, out=dlogits)
+    xp.exp(dlogits, out=dlogits)
     sum_exp = dlogits.sum(axis=1)
-    loss_part = float(np.sum(np.log(sum_exp) - picked)) / global_batch   # -log softmax(z)[label]
+    loss_part = xp.sum(xp.log(sum_exp) - picked).astype(xp.float64) / global_batch   # -log softmax(z)[label]
     dlogits /= sum_exp[:, None]                                          # softmax(z)
     dlogits[rows, labels] -= 1.0                                         # - onehot
     dlogits *= loss_scale / global_batch

@@ -22,22 +22,26 @@ It counts what the ring algorithm moves for these calls; MPI may pick another al
 import resource
 from collections import defaultdict
 
-import numpy as np
+from .device import CPU
 
 MEMORY_KINDS = ("params", "grads", "optimizer", "work", "activations")
 RING_FACTOR = {"reduce_scatter": 1, "allgather": 1, "allreduce": 2}
 
 
 class MemoryLedger:
-    def __init__(self):
+    def __init__(self, device=None):
+        self.device = device if device is not None else CPU()   # where alloc puts buffers
         self.bytes_by_kind = dict.fromkeys(MEMORY_KINDS, 0)
         self.buffers = []          # (kind, name, shape, dtype, nbytes) of every allocation
 
     def alloc(self, kind, name, shape, dtype):
-        """A zeroed buffer of the given shape, recorded under kind."""
+        """A zeroed buffer of the given shape on the device, recorded under kind."""
+        return self.record(kind, name, self.device.zeros(shape, dtype))
+
+    def record(self, kind, name, buffer):
+        """Record a buffer allocated elsewhere (pinned host staging); returns it."""
         if kind not in self.bytes_by_kind:
             raise ValueError(f"unknown memory kind {kind!r}")
-        buffer = np.zeros(shape, dtype=dtype)
         self.bytes_by_kind[kind] += buffer.nbytes
         self.buffers.append((kind, name, buffer.shape, buffer.dtype.name, buffer.nbytes))
         return buffer

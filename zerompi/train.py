@@ -30,8 +30,10 @@ from threadpoolctl import threadpool_limits
 
 from .adam import AdamConfig
 from .comm import Communicator
-from .config import ArgumentError, check_config, parse_args
+from .comm_nccl import NcclCommunicator
+from .config import ArgumentError, check_config, device_choice, parse_args
 from .data import BatchSchedule, DataError, load_digits, load_npz, make_synthetic
+from .device import check_device, select_device
 from .engine import build_engine
 from .launch import blas_threads, launch_mismatch, launcher_rank
 from .loss_scale import LossScaler
@@ -121,10 +123,12 @@ def run(cfg, comm, out, preemption):
                    if first_step > cfg.steps else None)
     comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
 
-    x_train = data.x_train.astype(precision.compute)         # (samples, features)
+    device, xp = comm.device, comm.device.xp                 # NumPy, or CuPy: the data set moves once
+    x_train = device.from_numpy(data.x_train.astype(precision.compute))   # (samples, features)
+    y_train = device.from_numpy(data.y_train)                # (samples,)
     schedule = BatchSchedule(x_train.shape[0], cfg.batch_size, cfg.seed, cfg.shuffle)
-    x_micro = np.empty((K, rows, data.num_features), precision.compute)   # this rank's rows, per micro-batch
-    y_micro = np.empty((K, rows), np.int64)
+    x_micro = xp.empty((K, rows, data.num_features), precision.compute)   # this rank's rows, per micro-batch
+    y_micro = xp.empty((K, rows), np.int64)
     progress = Progress(cfg, comm, out)
 
     comm.print0(f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks | MLP {'-'.join(map(str, sizes))} "
@@ -132,15 +136,17 @@ def run(cfg, comm, out, preemption):
                 f"= {comm.size} ranks x {K} micro-batches x {rows} rows | {cfg.steps} steps | data "
                 f"{data.name}: {x_train.shape[0]} train"
                 f"{'' if data.x_test is None else f', {data.x_test.shape[0]} held out'}", file=out)
+    if device.is_gpu:
+        comm.print0(f"device: {device.name} on rank 0 | {comm.describe_transport()}", file=out)
     if note:
         comm.print0(note, file=out)
     start = time.perf_counter()
     for step in range(first_step, cfg.steps):
         # global batch -> K micro-batches -> this rank's rows of each
-        batch = schedule.global_indices(step).reshape(K, comm.size, rows)[:, comm.rank]
+        batch = device.from_numpy(schedule.global_indices(step).reshape(K, comm.size, rows)[:, comm.rank])
         for k in range(K):
-            np.take(x_train, batch[k], axis=0, out=x_micro[k])
-            np.take(data.y_train, batch[k], axis=0, out=y_micro[k])
+            xp.take(x_train, batch[k], axis=0, out=x_micro[k])
+            xp.take(y_train, batch[k], axis=0, out=y_micro[k])
         lr = learning_rate(step, cfg.steps, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr)
         result = train_step(engine.zero, engine.mlp, zip(x_micro, y_micro), cfg.batch_size, lr,
                             scaler.scale, cfg.clip_norm)
@@ -197,15 +203,19 @@ def held_out_accuracy(engine, data, dtype, rows_per_rank):
     parts = np.array_split(np.arange(data.x_test.shape[0]), comm.size)
     mine = parts[comm.rank]
     num_chunks = -(-max(len(p) for p in parts) // rows_per_rank)   # the same on every rank
-    x_test = data.x_test[mine].astype(dtype)
-    correct = np.array([count_correct(engine.zero, engine.mlp, x_test, data.y_test[mine],
+    x_test = comm.device.from_numpy(data.x_test[mine].astype(dtype))
+    y_test = comm.device.from_numpy(data.y_test[mine])
+    correct = np.array([count_correct(engine.zero, engine.mlp, x_test, y_test,
                                       rows_per_rank, num_chunks)], dtype=np.float64)
     comm.allreduce_sum(correct, "metrics")
     return correct[0] / data.x_test.shape[0]
 
 
 def main(argv=None):
-    comm = Communicator()
+    argv = sys.argv[1:] if argv is None else argv
+    # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/device.py.
+    device, device_error = select_device(device_choice(argv), os.environ)
+    comm = Communicator(device=device)
     try:
         mismatch = launch_mismatch(comm.size, os.environ)
         if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
@@ -213,11 +223,14 @@ def main(argv=None):
                 print(f"zerompi: error: {mismatch}", file=sys.stderr, flush=True)
             raise SystemExit(2)
         try:
-            cfg, error = parse_args(sys.argv[1:] if argv is None else argv, comm.rank), None
+            cfg, error = parse_args(argv, comm.rank), None
         except ArgumentError as e:
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
         comm.check_all(check_config(cfg, comm.size))
+        comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm))
+        if cfg.comm == "nccl":
+            comm = NcclCommunicator(comm.mpi, device)      # the same ranks, training traffic on NCCL
         # from here a SIGTERM/SIGUSR1 only sets a flag; the loop checkpoints at the next step's end
         preemption = Preemption(enabled=bool(cfg.save_dir))
         # progress goes to stderr when stdout must hold nothing but the JSON report

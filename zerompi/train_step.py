@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .device import array_module, to_numpy
 from .layers import softmax_cross_entropy
 from .precision import is_16bit
 
@@ -57,18 +58,22 @@ def forward_backward(zero, mlp, x, labels, global_batch, loss_scale):
 
 def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_grad_norm=0.0):
     """One optimizer step over micro_batches [(x, labels), ...] (this rank's rows of each)."""
-    loss_part = correct = 0.0
+    loss_part = correct = 0.0           # scalars where the arrays live: on a GPU, nothing waits for them
     with np.errstate(over="ignore", invalid="ignore"):   # an inf/NaN is detected below, not warned about
         for k, (x, labels) in enumerate(micro_batches):
             zero.start_micro_batch(first=k == 0)
             micro_loss, micro_correct = forward_backward(zero, mlp, x, labels, global_batch, loss_scale)
-            loss_part += micro_loss
-            correct += micro_correct
+            loss_part = loss_part + micro_loss
+            correct = correct + micro_correct
         zero.reduce_grads()
-        sums = np.array([sum_of_squares(zero.grad_partition(), mlp.grad_work), loss_part, correct])
+        sums = zero.step_sums                            # (3,) float64, preallocated
+        sums[0] = sum_of_squares(zero.grad_partition(), mlp.grad_work)
+        sums[1] = loss_part
+        sums[2] = correct
     zero.comm.allreduce_sum(sums, "metrics")
-    grad_norm = math.sqrt(sums[0]) / loss_scale
-    result = StepResult(float(sums[1]), int(sums[2]), grad_norm, applied=False)
+    sum_squares, loss, correct = to_numpy(sums)          # the step's one read from a GPU
+    grad_norm = math.sqrt(sum_squares) / loss_scale
+    result = StepResult(float(loss), int(correct), grad_norm, applied=False)
     if not (math.isfinite(grad_norm) and math.isfinite(result.loss)):
         return result                              # skipped on every rank alike
     clip = min(1.0, max_grad_norm / (grad_norm + 1e-6)) if max_grad_norm > 0 else 1.0
@@ -79,14 +84,15 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
 
 
 def sum_of_squares(arrays, scratch):
-    """sum of x^2 over the arrays; 16-bit arrays are widened into scratch (float32) first."""
+    """sum of x^2 over the arrays, added up in float64 (a scalar where the arrays live); 16-bit
+    arrays are widened into scratch (float32) first."""
     total = 0.0
     for a in arrays:
         if is_16bit(a):
             widened = scratch[:a.size]
             widened[...] = a
             a = widened
-        total += float(np.dot(a, a))
+        total = total + array_module(a).dot(a, a).astype(np.float64)
     return total
 
 
@@ -98,5 +104,6 @@ def count_correct(zero, mlp, x, labels, batch_rows, num_chunks):
     for c in range(num_chunks):
         rows = slice(c * batch_rows, (c + 1) * batch_rows)
         logits = forward(zero, mlp, x[rows])
-        correct += int(np.count_nonzero(np.argmax(logits, axis=1) == labels[rows]))
+        xp = array_module(logits)
+        correct += int(xp.count_nonzero(xp.argmax(logits, axis=1) == labels[rows]))
     return correct

@@ -24,6 +24,7 @@ import zlib
 import numpy as np
 
 from .atomic import atomic_file
+from .device import to_numpy
 from .precision import BF16
 
 from .safetensors_io import SafetensorsError, read_header, read_tensor
@@ -59,7 +60,7 @@ def consolidated_tensors(engine):
     all-gathered): every rank must run it to the end."""
     for unit in engine.layout.units:
         full = engine.zero.full_unit_params(unit)
-        yield from zip(engine.layout.tensor_names(unit), unit.views(full))
+        yield from zip(engine.layout.tensor_names(unit), unit.views(to_numpy(full)))   # from a GPU: a copy
 
 
 def save_weights(engine, path):

@@ -34,12 +34,13 @@ def load_checkpoint(engine, folder):
     optimizer_arrays = [("m", zero.adam.m), ("v", zero.adam.v)]
     if zero.adam.master is not None:
         optimizer_arrays.append((best, zero.adam.master))
+    to_device = engine.memory.device.from_numpy      # read on the host, copied to a GPU
     for unit in layout.units:
         held, (lo, hi) = zero.held_params(unit)
-        held[...] = reader.read_range(unit.index, param_source, lo, hi, reader.kinds[param_source])
+        held[...] = to_device(reader.read_range(unit.index, param_source, lo, hi, reader.kinds[param_source]))
         _, _, state, (lo, hi) = zero.owned(unit)
         for kind, array in optimizer_arrays:
-            array[state] = reader.read_range(unit.index, kind, lo, hi, reader.kinds[kind])
+            array[state] = to_device(reader.read_range(unit.index, kind, lo, hi, reader.kinds[kind]))
     zero.adam.t = int(manifest["adam_steps"])
     state = {key: manifest[key] for key in TRAINING_STATE}
     state["run"] = manifest.get("run", {})        # the settings of the run that wrote it

@@ -28,6 +28,7 @@ import zlib
 import numpy as np
 
 from ..atomic import fsync_folder
+from ..device import to_numpy
 from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, on_disk, shard_file_name,
                     step_folder_name, write_text_atomically)
 
@@ -66,7 +67,7 @@ def write_shard_file(path, dtype, segments):
                                                  "fortran_order": False, "shape": (numel,)})
         data_offset = f.tell()
         for segment in segments:
-            data = memoryview(on_disk(np.ascontiguousarray(segment))).cast("B")
+            data = memoryview(on_disk(np.ascontiguousarray(to_numpy(segment)))).cast("B")   # from a GPU: a copy
             f.write(data)
             while len(data):
                 take = min(len(data), BLOCK_BYTES - filled)

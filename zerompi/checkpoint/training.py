@@ -15,6 +15,7 @@ import signal
 
 import numpy as np
 
+from ..device import to_numpy
 from ..weights import WeightsError, read_weights
 from .files import CheckpointError, latest_checkpoint
 from .load import load_checkpoint
@@ -79,7 +80,7 @@ def _unrepresentable(engine, source):
     """An error if the starting weights do not fit the storage dtype (fp16 ends at 65504)."""
     for unit in engine.layout.units:
         held, _ = engine.zero.held_params(unit)
-        if not np.all(np.isfinite(held)):
+        if not np.all(np.isfinite(to_numpy(held))):
             return (f"{source or 'the initial weights'}: layer {unit.index} has values beyond the range of "
                     f"{engine.zero.precision.name} (float16 ends at 65504): train in bf16 or float32")
     return None

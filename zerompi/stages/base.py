@@ -26,6 +26,7 @@ Stages 0, 1 and 2 keep the full parameters on every rank, in one flat buffer `pa
 (Psi_pad elements, see zerompi/layout.py); the methods below serve them. Stage 3 keeps only its
 shard and overrides them.
 """
+import numpy as np
 
 
 class ZeroStage:
@@ -41,6 +42,10 @@ class ZeroStage:
         # reduce-scatter into the gradient shard (stages 2-3); otherwise it reduces in place
         if precision.mixed or (micro_batches > 1 and self.stage >= 2):
             comm.reserve_staging(memory, layout.max_unit_padded, precision.compute)
+        # the step's (gradient sum of squares, loss, correct), all-reduced together (train_step.py)
+        self.step_sums = memory.alloc("work", "step_sums", (3,), np.float64)
+        # every collective on training buffers moves at most one unit, reductions in the compute dtype
+        comm.reserve_host_staging(memory, layout.max_unit_padded * precision.compute.itemsize)
 
     # ---- parameters (replicated in stages 0-2)
     def store_unit_params(self, unit, values):
@@ -51,7 +56,7 @@ class ZeroStage:
         """Initial or loaded parameters, values (numel,) float64, the same on every rank; in mixed
         precision the fp32 master copy of the owned part too, and the 16-bit parameters rounded
         from that master (so that params == round(master) always, as after every Adam step)."""
-        values = values.astype(self.precision.compute)
+        values = self.memory.device.from_numpy(values.astype(self.precision.compute))
         self.store_unit_params(unit, values)
         if self.adam.master is not None:
             _, _, state, (lo, hi) = self.owned(unit)

@@ -1,0 +1,158 @@
+"""The GPU check: `python tests/gpu_check.py` on a machine with a GPU (CuPy and mpi4py installed),
+about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying why, without a GPU.
+
+    1. what is there: the GPU, CuPy, the MPI library, and whether it is CUDA-aware (and how known)
+    2. correctness: for ZeRO stages 0-3 and N = 1, 2, 4 ranks sharing the GPU, `python -m
+       zerompi.train --device gpu` in float64 must end with the weights of the same run with
+       --device cpu (to 1e-10 relative), through the pinned-host staging path
+       (ZEROMPI_CUDA_AWARE=0) and, where the MPI is CUDA-aware, through the direct path too;
+       fp16 and float32 runs must track the CPU's loss
+    3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32 and fp16: the
+       step's TFLOP/s (6 flops per weight per row: forward 2, backward 4) beside the GPU's GEMM
+       rate at the step's largest GEMM shape and at 8192^3, measured in the same run
+
+Exit status 0 when every check passed. The output is plain text, for the README and the notes.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = ["--data", "synthetic", "--hidden", "96,64", "--batch-size", "96", "--steps", "5",
+       "--lr-schedule", "constant", "--report", "none", "--log-every", "0"]
+STAGES, RANKS = (0, 1, 2, 3), (1, 2, 4)
+TIMEOUT = 120
+
+
+def mpirun():
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    return beside if os.path.exists(beside) else shutil.which("mpirun") or "mpirun"
+
+
+def train(n, device, dtype, stage, folder, env=None, extra=()):
+    """One zerompi.train run; returns (weights {name: array}, its stdout)."""
+    path = os.path.join(folder, f"{device}-{dtype}-s{stage}-n{n}-{len(os.listdir(folder))}.npz")
+    command = [mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.train", *RUN, "--device", device,
+               "--dtype", dtype, "--stage", str(stage), "--save-weights", path, *extra]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT,
+                            env={**os.environ, **(env or {})})
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-2000:]}")
+    with np.load(path) as archive:
+        return {k: archive[k].astype(np.float64) for k in archive.files}, result.stdout
+
+
+def relative_difference(a, b):
+    return max(float(np.max(np.abs(a[k] - b[k])) / max(np.max(np.abs(b[k])), 1e-300)) for k in b)
+
+
+def correctness(cuda_aware, folder, report):
+    ok = True
+    paths = [("staged", {"ZEROMPI_CUDA_AWARE": "0"})] + ([("direct", {})] if cuda_aware else [])
+    for stage in STAGES:
+        for n in RANKS:
+            cpu, _ = train(n, "cpu", "float64", stage, folder)
+            for name, env in paths:
+                gpu, _ = train(n, "gpu", "float64", stage, folder, env)
+                diff = relative_difference(gpu, cpu)
+                passed = diff <= 1e-10
+                ok &= passed
+                report(f"  stage {stage}  N={n}  {name:>6}  float64  max rel diff {diff:.1e}  "
+                       f"{'ok' if passed else 'FAILED (limit 1e-10)'}")
+    for dtype, limit in (("float32", 1e-3), ("fp16", 5e-2)):
+        cpu, _ = train(2, "cpu", dtype, 3, folder)
+        gpu, _ = train(2, "gpu", dtype, 3, folder, {"ZEROMPI_CUDA_AWARE": "0"})
+        diff = max(float(np.max(np.abs(gpu[k] - cpu[k]))) for k in cpu)   # absolute: weights are O(0.1)
+        passed = diff <= limit
+        ok &= passed
+        report(f"  stage 3  N=2  staged  {dtype:>7}  max abs diff {diff:.1e}  "
+               f"{'ok' if passed else f'FAILED (limit {limit:g})'}")
+    return ok
+
+
+def gemm_tflops(cupy, m, k, n, dtype, repeats=10):
+    """Median TFLOP/s of an (m, k) @ (k, n) product, timed with CUDA events."""
+    a = cupy.random.standard_normal((m, k), dtype=np.float32).astype(dtype)
+    b = cupy.random.standard_normal((k, n), dtype=np.float32).astype(dtype)
+    out = cupy.empty((m, n), dtype)
+    cupy.matmul(a, b, out=out)
+    times = []
+    for _ in range(repeats):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        cupy.matmul(a, b, out=out)
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return 2 * m * k * n / np.median(times) / 1e12
+
+
+def step_speed(device, dtype_name, rows, report):
+    """TFLOP/s of the training step of the benchmark MLP on one rank (an engine built in-process)."""
+    from zerompi.adam import AdamConfig
+    from zerompi.comm import Communicator
+    from zerompi.engine import build_engine
+    from zerompi.precision import precision_for
+    from zerompi.train_step import train_step
+
+    sizes = [1024, 2048, 2048, 2048, 2048, 10]
+    precision = precision_for(dtype_name)
+    engine = build_engine(sizes, 1, precision, AdamConfig(), rows, Communicator(device=device))
+    engine.init_params(0)
+    rng = np.random.default_rng(0)
+    x = device.from_numpy(rng.standard_normal((rows, sizes[0])).astype(precision.compute))
+    labels = device.from_numpy(rng.integers(0, sizes[-1], rows))
+    times = []
+    for i in range(13):
+        device.synchronize()
+        start = time.perf_counter()
+        train_step(engine.zero, engine.mlp, [(x, labels)], rows, 1e-3)
+        device.synchronize()
+        if i >= 3:                                     # the first steps compile the kernels
+            times.append(time.perf_counter() - start)
+    weights = sum(u.in_features * u.out_features for u in engine.layout.units)
+    tflops = 6 * weights * rows / np.median(times) / 1e12
+    report(f"  step {dtype_name:>7}  {rows} rows: {np.median(times) * 1e3:7.2f} ms  {tflops:6.1f} TFLOP/s")
+    return tflops
+
+
+def main():
+    lines = []
+
+    def report(line):
+        print(line, flush=True)
+        lines.append(line)
+
+    from zerompi.device import select_device
+    device, error = select_device("gpu", os.environ)
+    if error:
+        report(f"SKIPPED: {error}")
+        return 0
+    from zerompi.comm import MPI, Communicator
+    comm = Communicator(device=device)
+    cupy = device.xp
+    report(f"GPU check, {time.strftime('%Y-%m-%d')}: {device.name}, CuPy {cupy.__version__}, "
+           f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
+    report(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()} | {comm.describe_transport()}")
+    report("correctness, GPU against CPU (python -m zerompi.train, 5 steps, MLP 32-96-64-10):")
+    with tempfile.TemporaryDirectory() as folder:
+        ok = correctness(comm.cuda_aware, folder, report)
+    report("speed, MLP 1024-4x2048-10, one rank, stage 1:")
+    rows = 4096
+    for dtype_name, gemm_dtype in (("float32", np.float32), ("fp16", np.float16)):
+        step = step_speed(device, dtype_name, rows, report)
+        same_shape = gemm_tflops(cupy, rows, 2048, 2048, np.float32)   # the step computes in float32
+        big = gemm_tflops(cupy, 8192, 8192, 8192, gemm_dtype)
+        report(f"    GEMM float32 {rows}x2048x2048: {same_shape:6.1f} TFLOP/s (step / GEMM = "
+               f"{step / same_shape:.2f});  GEMM {np.dtype(gemm_dtype).name} 8192^3: {big:6.1f} TFLOP/s")
+    report("all checks passed" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

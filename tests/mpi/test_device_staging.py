@@ -1,0 +1,74 @@
+"""Device memory through MPI, without a GPU: the stand-in device (tests/device_stand_in.py) makes
+zerompi/comm.py take its GPU code paths with real MPI collectives on host memory.
+
+- staging (MPI not CUDA-aware): every stage, 16-bit included, with and without gradient
+  accumulation, must give bitwise the weights of the plain CPU run; every collective on device
+  memory copies to and from the pinned buffer, which is ledgered; nothing device-held reaches MPI.
+- direct (CUDA-aware): the same weights, no staging buffer, and the stream is synchronized before
+  every collective on device memory.
+"""
+import numpy as np
+import pytest
+
+from device_stand_in import StandInGPU
+from helpers import consolidated, make_batches, train_zero
+from zerompi.comm import Communicator
+
+SIZES = [13, 37, 53, 7]
+CASES = [(stage, dtype, k) for stage in (0, 1, 2, 3) for dtype, k in (("float32", 1), ("float32", 2), ("bfloat16", 2))]
+
+
+def train(stage, dtype, k, device=None, cuda_aware=None):
+    batches = make_batches(SIZES, 2, rows=48)          # 48 rows: K = 2 micro-batches on N = 1, 2, 3, 4, 8
+    comm = Communicator(device=device, mpi_reads_device_memory=cuda_aware)
+    engine, results = train_zero(stage, SIZES, np.dtype(dtype) if dtype != "bfloat16" else _bf16(), batches,
+                                 comm=comm, micro_batches=k)
+    return engine, results, consolidated(engine)
+
+
+def _bf16():
+    import ml_dtypes
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def assert_same(a, b):
+    for (w, b_), (w2, b2) in zip(a, b):
+        np.testing.assert_array_equal(w, w2)
+        np.testing.assert_array_equal(b_, b2)
+
+
+def device_collectives(engine):
+    """Collectives on training buffers (grads, params, metrics), as recorded by the ledger."""
+    return sum(calls for (op, purpose), (calls, *_) in engine.comm.ledger.entries.items()
+               if purpose in ("grads", "params", "metrics"))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage,dtype,k", CASES)
+def test_staged_collectives_match_the_cpu_bitwise(stage, dtype, k):
+    _, cpu_results, cpu_weights = train(stage, dtype, k)
+    device = StandInGPU()
+    engine, results, weights = train(stage, dtype, k, device, cuda_aware=False)
+    assert_same(weights, cpu_weights)
+    assert [r.loss for r in results] == [r.loss for r in cpu_results]
+    assert engine.comm.stages_through_host and engine.comm.host_staging is not None
+    unit_bytes = engine.layout.max_unit_padded * engine.zero.precision.compute.itemsize
+    assert device.pinned == [unit_bytes]
+    assert ("work", "comm.host_staging (pinned host)") in [(k_, n) for k_, n, *_ in engine.memory.buffers]
+    calls = device_collectives(engine)
+    assert device.to_host >= calls and device.from_host >= calls   # each went through the host
+    assert device.synchronized == 0                                # copies wait; nothing else must
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_cuda_aware_collectives_take_device_memory_after_a_synchronize(stage):
+    _, _, cpu_weights = train(stage, "float32", 1)
+    device = StandInGPU()
+    engine, _, weights = train(stage, "float32", 1, device, cuda_aware=True)
+    assert_same(weights, cpu_weights)
+    assert engine.comm.host_staging is None and device.pinned == []
+    assert device.to_host == device.from_host == 0
+    # the consolidation in `train` gathers too (stage 3): count those as well
+    io_calls = sum(calls for (op, purpose), (calls, *_) in engine.comm.ledger.entries.items() if purpose == "io")
+    assert device.synchronized == device_collectives(engine) + io_calls

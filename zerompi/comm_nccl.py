@@ -1,0 +1,76 @@
+"""Collectives through NCCL (`--comm nccl`): the Communicator of zerompi/comm.py with another transport.
+
+MPI still starts the job and bootstraps NCCL:
+
+    rank 0:     uid = nccl.get_unique_id()          (128 bytes naming the new NCCL communicator)
+    all ranks:  MPI broadcast of uid from rank 0
+    all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/device.py)
+
+Then the three transport methods run on NCCL, on the current CUDA stream, reading and writing
+device memory directly (no host staging, no MPI). Everything else stays with the parent class:
+widening 16-bit reductions to float32, gradient accumulation, the ledger, and every control and
+bookkeeping message (errors, checkpoint manifests, the report) on MPI. Host arrays (the held-out
+accuracy count) also go through MPI.
+
+In-place forms differ from MPI's, so each is spelled out:
+    reduce-scatter in place: NCCL leaves rank r's result at block r (MPI: at the front), so it is
+                             copied to the front after
+    all-gather in place:     NCCL reads rank r's block at block r, as MPI does
+
+NCCL calls are asynchronous; each one waits for its stream before returning, so that the
+ledger's seconds are the collective's real duration (CUDA events could time it without waiting:
+not done here).
+"""
+import numpy as np
+
+from .comm import Communicator
+
+
+class NcclCommunicator(Communicator):
+    def __init__(self, mpi_comm=None, device=None):
+        super().__init__(mpi_comm, device, mpi_reads_device_memory=True)   # NCCL: never staged
+        from cupy.cuda import nccl
+        self.nccl_module = nccl
+        uid = nccl.get_unique_id() if self.rank == 0 else None
+        uid = self.mpi.bcast(uid, root=0)
+        self.nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self.cuda_aware_how = "NCCL"
+
+    def describe_transport(self):
+        return "collectives on NCCL (bootstrapped over MPI), device memory directly"
+
+    def _nccl_type(self, array):
+        return {np.dtype(np.float32): self.nccl_module.NCCL_FLOAT32,
+                np.dtype(np.float64): self.nccl_module.NCCL_FLOAT64}[array.dtype]
+
+    def _stream(self):
+        return self.device.xp.cuda.get_current_stream()
+
+    def _sum_all(self, buf):
+        if not self.device.holds(buf):
+            return super()._sum_all(buf)
+        stream = self._stream()
+        self.nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._nccl_type(buf),
+                            self.nccl_module.NCCL_SUM, stream.ptr)
+        stream.synchronize()
+
+    def _sum_scatter(self, send, recv):
+        if not self.device.holds(send):
+            return super()._sum_scatter(send, recv)
+        m, stream = send.size // self.size, self._stream()
+        out = recv if recv is not None else send[self.rank * m:(self.rank + 1) * m]   # NCCL's in place
+        self.nccl.reduceScatter(send.data.ptr, out.data.ptr, m, self._nccl_type(send),
+                                self.nccl_module.NCCL_SUM, stream.ptr)
+        if recv is None and self.rank > 0:
+            send[:m] = out                                 # to the front, as MPI leaves it
+        stream.synchronize()
+
+    def _gather_all(self, full, shard):
+        if not self.device.holds(full):
+            return super()._gather_all(full, shard)
+        m, stream = full.size // self.size, self._stream()
+        source = shard if shard is not None else full[self.rank * m:(self.rank + 1) * m]
+        # bytes: 16-bit words and floats alike (a gather only copies)
+        self.nccl.allGather(source.data.ptr, full.data.ptr, source.nbytes, self.nccl_module.NCCL_UINT8,
+                            stream.ptr)
+        stream.synchronize()
