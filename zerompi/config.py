@@ -44,6 +44,9 @@ class TrainConfig:
     resume: str = ""                # "latest": from --save-dir's newest checkpoint if any; or a folder
     log_every: int = 25             # print loss and accuracy every this many steps (0: never)
     report: str = "table"           # end-of-run ledger: table, json (only JSON on stdout) or none
+    progress: str = "auto"          # live: a live line on rank 0; lines: log lines only; auto: live on a terminal
+    metrics: str = ""               # write one JSON line per step here (zerompi/metrics.py)
+    trace: str = ""                 # write a Chrome trace of every rank's spans here (zerompi/trace.py)
 
 
 class ArgumentError(Exception):
@@ -129,6 +132,12 @@ def build_parser(rank=0):
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines (0: none)")
     p.add_argument("--report", default=d.report, metavar="{table,json,none}",
                    help="end-of-run ledger; json: stdout holds only the JSON report, progress goes to stderr")
+    p.add_argument("--progress", default=d.progress, metavar="{auto,live,lines}",
+                   help="live: a live step/loss/samples-per-second/ETA line on rank 0 (under mpirun the "
+                        "ranks' output is a pipe: pass live); lines: the log lines only; auto: live on a terminal")
+    p.add_argument("--metrics", default=d.metrics, help="write one JSON object per step to this .jsonl file")
+    p.add_argument("--trace", default=d.trace, help="write every rank's compute and communication spans to this "
+                   "Chrome trace .json file (open it in https://ui.perfetto.dev)")
     return p
 
 
@@ -148,6 +157,8 @@ def check_config(cfg, num_ranks):
         return f"unknown --lr-schedule {cfg.lr_schedule!r}: choose {' or '.join(SCHEDULES)}"
     if cfg.report not in ("table", "json", "none"):
         return f"unknown --report {cfg.report!r}: choose table, json or none"
+    if cfg.progress not in ("auto", "live", "lines"):
+        return f"unknown --progress {cfg.progress!r}: choose auto, live or lines"
     for name in ("batch_size", "steps", "grad_accum", "loss_scale_window"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"
