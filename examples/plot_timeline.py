@@ -1,6 +1,6 @@
 """A Gantt chart of a --trace file: what every rank computed and communicated, step by step.
 
-    mpirun -n 4 python -m zerompi.train --stage 3 --steps 6 --trace trace.json
+    mpirun -n 4 python -m zerompi.train --stage 3 --steps 6 --hidden 512,512 --trace trace.json
     pip install ".[plot]"
     python examples/plot_timeline.py trace.json                     # -> docs/figures/timeline.png
     python examples/plot_timeline.py trace.json --steps 2 3 --out t.png

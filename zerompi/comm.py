@@ -24,6 +24,7 @@ bits once (zerompi/precision.py says why); all-gathers move the 16-bit words as 
 ledger records the buffer that actually went to MPI, so its bytes show the widened reductions.
 
 `check_all` turns an error found on some ranks into the same clean exit on all of them.
+With --trace, `tracer` (zerompi/trace.py) also receives each timed collective as a span.
 """
 import sys
 import time
