@@ -6,25 +6,17 @@
 Each stage runs as `mpirun -n N python -m zerompi.train --report json`; the numbers below are the
 ledger's measurements of rank 0, beside the formulas of the ZeRO paper.
 """
-import json
-import os
-import shutil
-import subprocess
 import sys
+
+from zerompi_runs import report as run_report
 
 
 def main(num_ranks=4, hidden="128,128"):
-    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    mpirun = mpirun if os.path.exists(mpirun) else shutil.which("mpirun")
     print(f"N = {num_ranks} ranks, hidden {hidden}: rank 0's model state and communication per step")
     print(f"{'stage':>5} {'params B':>10} {'grads B':>10} {'optimizer B':>12} {'formula B':>10}"
           f" {'comm elems':>11} {'formula':>9}")
     for stage in range(4):
-        result = subprocess.run([mpirun, "-n", str(num_ranks), sys.executable, "-m", "zerompi.train",
-                                 "--stage", str(stage), "--hidden", hidden, "--steps", "20",
-                                 "--log-every", "0", "--report", "json"],
-                                capture_output=True, text=True, check=True)
-        report = json.loads(result.stdout)
+        report = run_report(num_ranks, "--stage", stage, "--hidden", hidden, "--steps", 20)
         rank0 = report["per_rank"][0]
         print(f"{stage:>5} {rank0['params']:>10.0f} {rank0['grads']:>10.0f} {rank0['optimizer']:>12.0f}"
               f" {report['memory_formula_bytes']['total']:>10.0f}"

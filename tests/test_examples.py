@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from run_all import mpirun
 
@@ -33,3 +34,44 @@ def test_compare_stages_example_prints_four_stages():
     assert [row[0] for row in rows] == ["0", "1", "2", "3"]
     optimizer_bytes = [float(row[3]) for row in rows]
     assert optimizer_bytes[1] == optimizer_bytes[0] / 2        # stage 1 halves Adam's state at N = 2
+
+
+# ----------------------------------------------------------------------------------------------
+# The plotting examples (matplotlib: the `plot` extra, also in `test`), on small runs
+# ----------------------------------------------------------------------------------------------
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_example(name, *args, cwd):
+    pytest.importorskip("matplotlib", reason="the plotting examples need matplotlib: pip install '.[plot]'")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", name), *map(str, args)],
+                            cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def assert_png(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+
+
+def test_plot_memory_draws_measured_memory_equal_to_the_formula(tmp_path):
+    out = run_example("plot_memory.py", "--ranks", 1, 2, "--hidden", 16, "--steps", 1, "--out", "m.png", cwd=tmp_path)
+    rows = [line for line in out.splitlines() if line.startswith("stage ")]
+    assert len(rows) == 4
+    for row in rows:              # "stage 1: N=1 0.003 MB (formula 0.003), N=2 ..."
+        measured = [float(part.split()[1]) for part in row.split(": ", 1)[1].split(", ")]
+        formula = [float(part.split("(formula ")[1].rstrip(")")) for part in row.split(", ")]
+        assert measured == formula and measured[1] <= measured[0]
+    assert_png(tmp_path / "m.png")
+
+
+def test_plot_loss_and_timeline_draw_real_runs(tmp_path):
+    run_example("plot_loss.py", "--ranks", 2, "--steps", 8, "--out", "loss.png", cwd=tmp_path)
+    assert_png(tmp_path / "loss.png")
+    subprocess.run([mpirun(), "-n", "2", sys.executable, "-m", "zerompi.train", "--steps", "3", "--hidden", "16",
+                    "--log-every", "0", "--report", "none", "--trace", "t.json"],
+                   cwd=tmp_path, check=True, capture_output=True, timeout=120)
+    run_example("plot_timeline.py", "t.json", "--out", "timeline.png", cwd=tmp_path)
+    assert_png(tmp_path / "timeline.png")

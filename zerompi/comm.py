@@ -40,6 +40,7 @@ MPI is initialized when the first Communicator is built, not when this module is
 that zerompi/device.py can choose the GPU first.
 
 `check_all` turns an error found on some ranks into the same clean exit on all of them.
+With --trace, `tracer` (zerompi/trace.py) also receives each timed collective as a span.
 """
 import atexit
 import os
@@ -88,6 +89,7 @@ class Communicator:
         self.stages_through_host = self.device.is_gpu and not self.cuda_aware
         self.staging_full = self.staging_shard = None   # see reserve_staging
         self.host_staging = None                        # see reserve_host_staging
+        self.tracer = None            # a zerompi.trace.Tracer with --trace: each collective is a span
 
     def reserve_staging(self, memory, max_elements, reduce_dtype):
         """Staging for reductions that cannot run on the buffer itself: 16-bit buffers (widened
@@ -112,7 +114,11 @@ class Communicator:
             memory.record("work", "comm.host_staging (pinned host)", self.host_staging)
 
     def _record(self, op, purpose, wire_buffer, start):
-        self.ledger.record(op, purpose, wire_buffer, self.size, time.perf_counter() - start)
+        end = time.perf_counter()
+        self.ledger.record(op, purpose, wire_buffer, self.size, end - start)
+        if self.tracer is not None:
+            self.tracer.span(f"{op} {purpose}", "comm", start, end, op=op, purpose=purpose,
+                             bytes=wire_buffer.nbytes)
 
     def allreduce_sum(self, buf, purpose):
         """buf <- sum over ranks of buf, in place; 16-bit buffers are summed in reduce_dtype."""
@@ -226,6 +232,24 @@ class Communicator:
         """Rank 0 receives every rank's equal-sized `send` into recv (size, ...); not ledgered
         (the end-of-run report and checkpoint manifests: bookkeeping, not training traffic)."""
         self.mpi.Gather(send, recv, root=0)
+
+    def gather_bytes_to_root(self, data):
+        """Rank 0 receives every rank's `data` (bytes of any length) as a list, in rank order; None
+        elsewhere. Not ledgered (the end-of-run trace: bookkeeping). One Gather of the lengths, one
+        Gatherv of the bytes."""
+        send = np.frombuffer(data, dtype=np.uint8)
+        lengths = np.zeros(self.size, dtype=np.int64) if self.rank == 0 else None
+        self.mpi.Gather(np.array([send.size], dtype=np.int64), lengths, root=0)
+        if self.rank != 0:
+            self.mpi.Gatherv(send, None, root=0)
+            return None
+        received = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self.mpi.Gatherv(send, (received, lengths), root=0)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        return [received[offsets[r]:offsets[r + 1]].tobytes() for r in range(self.size)]
+
+    def barrier(self):
+        self.mpi.Barrier()
 
     def ranks_on_this_node(self):
         """How many ranks share this node (and its cores)."""

@@ -50,6 +50,9 @@ class TrainConfig:
     report: str = "table"           # end-of-run ledger: table, json (only JSON on stdout) or none
     device: str = "auto"            # cpu (NumPy), gpu (CuPy), or auto: the GPU when CuPy sees one
     comm: str = "mpi"               # collectives through MPI, or nccl (GPU only, NCCL via CuPy)
+    progress: str = "auto"          # live: a live line on rank 0; lines: log lines only; auto: live on a terminal
+    metrics: str = ""               # write one JSON line per step here (zerompi/metrics.py)
+    trace: str = ""                 # write a Chrome trace of every rank's spans here (zerompi/trace.py)
 
 
 class ArgumentError(Exception):
@@ -141,6 +144,12 @@ def build_parser(rank=0):
     p.add_argument("--comm", default=d.comm, metavar="{" + ",".join(COMM_CHOICES) + "}",
                    help="collectives through MPI (CUDA-aware or staged through pinned host memory), or "
                         "NCCL (GPU only; MPI still starts the job)")
+    p.add_argument("--progress", default=d.progress, metavar="{auto,live,lines}",
+                   help="live: a live step/loss/samples-per-second/ETA line on rank 0 (under mpirun the "
+                        "ranks' output is a pipe: pass live); lines: the log lines only; auto: live on a terminal")
+    p.add_argument("--metrics", default=d.metrics, help="write one JSON object per step to this .jsonl file")
+    p.add_argument("--trace", default=d.trace, help="write every rank's compute and communication spans to this "
+                   "Chrome trace .json file (open it in https://ui.perfetto.dev)")
     return p
 
 
@@ -177,6 +186,8 @@ def check_config(cfg, num_ranks):
         return f"unknown --comm {cfg.comm!r}: choose {' or '.join(COMM_CHOICES)}"
     if cfg.comm == "nccl" and cfg.device == "cpu":
         return "--comm nccl needs --device gpu (NCCL moves GPU memory only)"
+    if cfg.progress not in ("auto", "live", "lines"):
+        return f"unknown --progress {cfg.progress!r}: choose auto, live or lines"
     for name in ("batch_size", "steps", "grad_accum", "loss_scale_window"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"

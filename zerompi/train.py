@@ -37,9 +37,12 @@ from .device import check_device, select_device
 from .engine import build_engine
 from .launch import blas_threads, launch_mismatch, launcher_rank
 from .loss_scale import LossScaler
+from .metrics import MetricsLog
 from .precision import precision_for
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
+from .status_line import StatusLine
+from .trace import Tracer, write_trace
 from .train_step import count_correct, train_step
 from .checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_training_checkpoint,
                                   start_from)
@@ -116,6 +119,8 @@ def run(cfg, comm, out, preemption):
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
     engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, K)
     comm.check_all(check_writable(cfg.save_weights) if cfg.save_weights and comm.rank == 0 else None)
+    for path, what in ((cfg.metrics, "metrics"), (cfg.trace, "the trace")):
+        comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
     scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
                         cfg.min_loss_scale)
     first_step, note, lineage = start_from(engine, cfg, scaler)
@@ -129,7 +134,15 @@ def run(cfg, comm, out, preemption):
     schedule = BatchSchedule(x_train.shape[0], cfg.batch_size, cfg.seed, cfg.shuffle)
     x_micro = xp.empty((K, rows, data.num_features), precision.compute)   # this rank's rows, per micro-batch
     y_micro = xp.empty((K, rows), np.int64)
+    live = comm.rank == 0 and (cfg.progress == "live" or (cfg.progress == "auto" and out.isatty()))
+    status = StatusLine(out, first_step, cfg.steps, cfg.batch_size) if live else None
+    out = status or out                                      # log lines scroll above the live line
     progress = Progress(cfg, comm, out)
+    metrics = (MetricsLog(cfg.metrics, comm, engine.memory, cfg.log_every, cfg.steps, append=bool(cfg.resume))
+               if cfg.metrics else None)
+    tracer = comm.tracer = Tracer(comm.rank) if cfg.trace else None
+    if tracer is not None:
+        tracer.start_clock(comm)
 
     comm.print0(f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks | MLP {'-'.join(map(str, sizes))} "
                 f"({engine.layout.num_params:,} parameters) | {cfg.dtype} | global batch {cfg.batch_size} "
@@ -142,14 +155,23 @@ def run(cfg, comm, out, preemption):
         comm.print0(note, file=out)
     start = time.perf_counter()
     for step in range(first_step, cfg.steps):
+        step_start = time.perf_counter()
+        if metrics is not None:
+            metrics.start_step()
         # global batch -> K micro-batches -> this rank's rows of each
         batch = device.from_numpy(schedule.global_indices(step).reshape(K, comm.size, rows)[:, comm.rank])
         for k in range(K):
             xp.take(x_train, batch[k], axis=0, out=x_micro[k])
             xp.take(y_train, batch[k], axis=0, out=y_micro[k])
         lr = learning_rate(step, cfg.steps, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr)
+        loss_scale = scaler.scale
         result = train_step(engine.zero, engine.mlp, zip(x_micro, y_micro), cfg.batch_size, lr,
-                            scaler.scale, cfg.clip_norm)
+                            loss_scale, cfg.clip_norm)
+        step_end = time.perf_counter()
+        if tracer is not None:
+            tracer.span(f"step {step + 1}", "step", step_start, step_end)
+        if metrics is not None:
+            metrics.end_step(step + 1, result, lr, loss_scale, cfg.batch_size, step_end - step_start)
         event = scaler.update(result.applied)
         if event:
             comm.print0(f"step {step + 1}: {event}", file=out)
@@ -163,6 +185,8 @@ def run(cfg, comm, out, preemption):
         done = step + 1
         if cfg.log_every and progress.steps and (done % cfg.log_every == 0 or done == cfg.steps):
             progress.print_line(done, lr, scaler)
+        if status is not None:
+            status.update(done, result.loss)
         preempted = cfg.save_dir and preemption.agreed(comm) and done < cfg.steps   # the last step just ends
         if cfg.save_dir and (preempted or done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
             save_training_checkpoint(engine, cfg, done, scaler, lineage)
@@ -172,6 +196,13 @@ def run(cfg, comm, out, preemption):
             raise SystemExit(PREEMPTED)
     steps_run = cfg.steps - first_step
     train_seconds = time.perf_counter() - start
+    if status is not None:
+        status.close()
+    if metrics is not None:
+        metrics.close()
+    if tracer is not None:
+        comm.tracer = None
+        write_trace(tracer, comm, cfg.trace)
     train_comm = {p: comm.ledger.totals({p}) for p in ("grads", "params")}
 
     if data.x_test is not None:

@@ -36,9 +36,13 @@ class StepResult:
 def forward(zero, mlp, x):
     """x (n, sizes[0]) -> logits (n, sizes[-1]), a view into mlp's buffers."""
     h = mlp.load_input(x)
+    tracer = zero.comm.tracer                      # None unless --trace (zerompi/trace.py)
     for unit in mlp.units:
         weight, bias = zero.before_forward(unit)
+        start = tracer and tracer.now()
         h = mlp.forward_unit(unit, h, weight, bias)
+        if tracer:
+            tracer.span(f"forward {unit.index}", "compute", start, layer=unit.index)
         zero.after_forward(unit)
     return h
 
@@ -46,12 +50,19 @@ def forward(zero, mlp, x):
 def forward_backward(zero, mlp, x, labels, global_batch, loss_scale):
     """One micro-batch on this rank's rows x (n, sizes[0]), labels (n,): gradients into the stage's
     buffers. Returns (this rank's part of the mean loss, its correct predictions)."""
+    tracer = zero.comm.tracer
     logits = forward(zero, mlp, x)
+    start = tracer and tracer.now()
     loss_part, correct = softmax_cross_entropy(logits, labels, global_batch, logits, loss_scale)
+    if tracer:
+        tracer.span("loss", "compute", start)
     d_h = logits                                   # now d_logits, in place
     for unit in reversed(mlp.units):
         weight, bias, dweight, dbias, accumulate = zero.before_backward(unit)
+        start = tracer and tracer.now()
         d_h = mlp.backward_unit(unit, d_h, weight, bias, dweight, dbias, accumulate)
+        if tracer:
+            tracer.span(f"backward {unit.index}", "compute", start, layer=unit.index)
         zero.after_backward(unit)
     return loss_part, correct
 

@@ -35,15 +35,15 @@ class WeightsError(ValueError):
     """A weights file that cannot be used; str(e) is one line naming the file and the problem."""
 
 
-def check_writable(path):
-    """One-line error message if `path` cannot be written as a weights file, else None."""
+def check_writable(path, what="weights"):
+    """One-line error message if `path` cannot be written as a file of `what`, else None."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        return f"cannot save weights to {path}: folder {folder} does not exist"
+        return f"cannot save {what} to {path}: folder {folder} does not exist"
     if not os.access(folder, os.W_OK):
-        return f"cannot save weights to {path}: folder {folder} is not writable"
+        return f"cannot save {what} to {path}: folder {folder} is not writable"
     if os.path.isdir(path):
-        return f"cannot save weights to {path}: it is a folder"
+        return f"cannot save {what} to {path}: it is a folder"
     return None
 
 

@@ -95,9 +95,13 @@ class ZeroStage:
 
     def update(self, lr, grad_multiplier):
         self.adam.begin_step()
+        tracer = self.comm.tracer                 # None unless --trace (zerompi/trace.py)
         for unit in self.layout.units:
             param, grad, state, _ = self.owned(unit)
+            start = tracer and tracer.now()
             self.adam.update(param, grad, state, lr, grad_multiplier)
+            if tracer:
+                tracer.span(f"adam {unit.index}", "compute", start, layer=unit.index, elements=param.size)
 
     def gather_params(self):
         """Nothing to gather by default."""

@@ -1,0 +1,77 @@
+"""A Gantt chart of a --trace file: what every rank computed and communicated, step by step.
+
+    mpirun -n 4 python -m zerompi.train --stage 3 --steps 6 --hidden 512,512 --trace trace.json
+    pip install ".[plot]"
+    python examples/plot_timeline.py trace.json                     # -> docs/figures/timeline.png
+    python examples/plot_timeline.py trace.json --steps 2 3 --out t.png
+
+One row per rank: compute spans (forward, backward, loss, Adam per unit) in the upper lane,
+collectives (all-gather, reduce-scatter, all-reduce) in the lower one, between the start of the
+first and the end of the last chosen step (by default the last two: past the first step's warm-up).
+For zooming, open the same file in https://ui.perfetto.dev.
+"""
+import argparse
+import json
+
+COLORS = {"forward": "tab:blue", "backward": "tab:orange", "loss": "tab:purple", "adam": "tab:green",
+          "allgather": "tab:red", "reduce_scatter": "tab:brown", "allreduce": "black"}
+
+
+def load_spans(path):
+    """{rank: [(kind, start ms, duration ms, name)]} and {step: (start ms, end ms) on rank 0}."""
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    spans, steps = {}, {}
+    for e in events:
+        if e["cat"] == "step":
+            if e["pid"] == 0:
+                steps[int(e["name"].split()[1])] = (e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3)
+            continue
+        kind = e["args"]["op"] if e["cat"] == "comm" else e["name"].split()[0]
+        spans.setdefault(e["pid"], []).append((kind, e["ts"] / 1e3, e["dur"] / 1e3, e["name"]))
+    return spans, steps
+
+
+def plot(spans, steps, first, last, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    begin, end = steps[first][0], steps[last][1]
+    ranks = sorted(spans)
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.6 * len(ranks)))
+    for rank in ranks:
+        for kind, start, duration, _ in spans[rank]:
+            if start + duration < begin or start > end:
+                continue
+            lane = rank + (0.3 if kind in ("allgather", "reduce_scatter", "allreduce") else -0.1)
+            ax.broken_barh([(start - begin, duration)], (lane - 0.15, 0.3), color=COLORS[kind], linewidth=0)
+    for step in range(first, last + 1):
+        ax.axvline(steps[step][0] - begin, color="gray", linewidth=0.5, linestyle="--")
+        ax.text(steps[step][0] - begin, -0.55, f" step {step}", fontsize=8, color="gray")
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylim(len(ranks) - 0.4, -0.7)
+    ax.set_xlim(0, end - begin)
+    ax.set_xlabel("ms (rank 0's step start = 0)")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], ncol=7, fontsize=8,
+              loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(ranks) > 2 else -0.4), frameon=False)
+    ax.set_title("compute (upper lane) and communication (lower lane) per rank", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    print(f"wrote {out}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace")
+    parser.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"))
+    parser.add_argument("--out", default="docs/figures/timeline.png")
+    args = parser.parse_args()
+    spans, steps = load_spans(args.trace)
+    first, last = args.steps or (max(min(steps), max(steps) - 1), max(steps))
+    plot(spans, steps, first, last, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Observability: --metrics (JSON lines), --trace (Chrome trace), the live progress line.
+
+    --metrics   one line per step with the documented keys; the loss and accuracy equal the printed
+                progress lines; the comm bytes and calls add up to the end-of-run report's ledger
+                totals; memory (ledger total, peak RSS) of every rank only on step 1, every
+                --log-every steps and the last, equal to the report's; a resumed run appends
+    --trace     parses as Chrome trace JSON; every rank has step, compute and comm spans, properly
+                nested in their steps and in algorithm order; its collectives are the ledger's calls
+    progress    the formatter and the redraw protocol; a real run on a pty draws the live line,
+                --progress lines does not; bad --metrics / --trace / --progress values are errors
+"""
+import io
+import json
+import os
+import pty
+import subprocess
+import sys
+
+import pytest
+
+from test_cli import ERROR_MARK, files_under, launch, loss_lines, train_ok
+from zerompi.ledger import MEMORY_KINDS
+from zerompi.status_line import ERASE_LINE, StatusLine, format_seconds, format_status
+
+METRICS_KEYS = {"step", "loss", "accuracy", "lr", "grad_norm", "applied", "loss_scale", "step_seconds",
+                "samples_per_second", "comm"}
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+# ----------------------------------------------------------------------------------------------
+# --metrics
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_metrics_lines_match_the_printed_loss_and_the_ledger(tmp_path, stage):
+    steps, every, batch = 7, 3, 48
+    run = train_ok(3, "--stage", stage, "--steps", steps, "--log-every", every, "--batch-size", batch,
+                   "--hidden", "24,16", "--metrics", "m.jsonl", "--report", "json", cwd=tmp_path)
+    lines = read_jsonl(tmp_path / "m.jsonl")
+    assert [line["step"] for line in lines] == list(range(1, steps + 1))
+    for line in lines:
+        assert METRICS_KEYS <= set(line), line
+        assert line["applied"] and line["step_seconds"] > 0 and line["loss"] > 0
+        assert line["samples_per_second"] == pytest.approx(batch / line["step_seconds"])
+        assert set(line["comm"]) == {"grads", "params", "metrics"}
+        assert line["comm"]["metrics"]["calls"] == 1                  # the step's one all-reduce
+    # memory: on step 1, every --log-every steps and the last step only
+    assert [line["step"] for line in lines if "memory" in line] == [1, 3, 6, 7]
+
+    # the printed progress lines average the steps since the last line: so must the metrics
+    printed = [line for line in run.stderr.splitlines() if line.startswith("step ") and "loss" in line]
+    assert len(printed) == len(loss_lines(run.stderr)) == 3
+    for text, window in zip(printed, (lines[0:3], lines[3:6], lines[6:7])):
+        loss = sum(line["loss"] for line in window) / len(window)
+        accuracy = 100 * sum(line["accuracy"] for line in window) / len(window)
+        assert f"loss {loss:.4f}" in text, (text, loss)
+        assert f"train acc {accuracy:5.1f}%" in text, (text, accuracy)
+
+    # communication: the per-step deltas add up to the report's ledger totals (rank 0)
+    report = json.loads(run.stdout)
+    rank0 = report["per_rank"][0]
+    for key, column in (("bytes", "comm_bytes"), ("calls", "calls")):
+        total = sum(line["comm"][p][key] for line in lines for p in ("grads", "params"))
+        assert total == pytest.approx(rank0[column] * steps, rel=1e-12)
+    elements = sum(line["comm"]["grads"]["elements"] + line["comm"]["params"]["elements"] for line in lines)
+    assert elements / steps == pytest.approx(report["comm_formula_padded_elements_per_step"], rel=1e-12)
+
+    # memory: every rank's ledger total is the report's sum of its kinds; RSS is the OS's, positive
+    for line in lines:
+        if "memory" in line:
+            assert line["memory"]["ledger_bytes"] == [sum(row[k] for k in MEMORY_KINDS) for row in report["per_rank"]]
+            assert all(0 < rss <= row["peak_rss"] for rss, row in zip(line["memory"]["peak_rss_bytes"],
+                                                                       report["per_rank"]))
+
+
+def test_metrics_file_is_truncated_by_a_fresh_run_and_appended_by_a_resumed_one(tmp_path):
+    flags = ("--hidden", 8, "--batch-size", 16, "--log-every", 0, "--report", "none", "--metrics", "m.jsonl")
+    train_ok(2, *flags, "--steps", 3, "--save-dir", "ckpt", cwd=tmp_path)
+    train_ok(2, *flags, "--steps", 5, "--save-dir", "ckpt", "--resume", cwd=tmp_path)
+    assert [line["step"] for line in read_jsonl(tmp_path / "m.jsonl")] == [1, 2, 3, 4, 5]
+    train_ok(2, *flags, "--steps", 2, cwd=tmp_path)
+    assert [line["step"] for line in read_jsonl(tmp_path / "m.jsonl")] == [1, 2]
+
+
+# ----------------------------------------------------------------------------------------------
+# --trace
+# ----------------------------------------------------------------------------------------------
+
+def nesting_problems(spans):
+    """Spans [(name, start, end)] of one rank: every span must lie inside the enclosing one or
+    after it (a stack); returns the violations."""
+    problems, stack = [], []
+    for name, start, end in sorted(spans, key=lambda s: (s[1], -s[2])):
+        while stack and start >= stack[-1][2] - 0.2:               # 0.2 us: the file's rounding
+            stack.pop()
+        if stack and end > stack[-1][2] + 0.2:
+            problems.append(f"{name} [{start}, {end}] overlaps {stack[-1]}")
+        stack.append((name, start, end))
+    return problems
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_trace_has_nested_compute_and_comm_spans_on_every_rank(tmp_path, stage):
+    n, steps, units = 3, 3, 3
+    train_ok(n, "--stage", stage, "--steps", steps, "--hidden", "24,16", "--batch-size", 48, "--log-every", 0,
+             "--report", "none", "--trace", "t.json", "--metrics", "m.jsonl", cwd=tmp_path)
+    with open(tmp_path / "t.json") as f:
+        events = json.load(f)["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: f"rank {r}" for r in range(n)}
+    metrics = read_jsonl(tmp_path / "m.jsonl")
+    for rank in range(n):
+        mine = [e for e in events if e["ph"] == "X" and e["pid"] == rank]
+        assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in mine)
+        assert {e["cat"] for e in mine} == {"step", "compute", "comm"}
+        step_spans = sorted((e for e in mine if e["cat"] == "step"), key=lambda e: e["ts"])
+        assert [e["name"] for e in step_spans] == [f"step {s}" for s in range(1, steps + 1)]
+        assert nesting_problems([(e["name"], e["ts"], e["ts"] + e["dur"]) for e in mine]) == []
+        for step, span in enumerate(step_spans, start=1):
+            inside = sorted((e for e in mine if e["cat"] != "step" and span["ts"] - 0.2 <= e["ts"]
+                             and e["ts"] + e["dur"] <= span["ts"] + span["dur"] + 0.2), key=lambda e: e["ts"])
+            compute = [e["name"] for e in inside if e["cat"] == "compute"]
+            assert compute == ([f"forward {u}" for u in range(units)] + ["loss"] +
+                               [f"backward {u}" for u in reversed(range(units))] + [f"adam {u}" for u in range(units)])
+            comm = [e for e in inside if e["cat"] == "comm"]
+            assert all(e["args"]["bytes"] > 0 and e["name"] == f"{e['args']['op']} {e['args']['purpose']}"
+                       for e in comm)
+            if rank == 0:                      # the same collectives the ledger counted in that step
+                counted = {p: c["calls"] for p, c in metrics[step - 1]["comm"].items()}
+                traced = {p: sum(e["args"]["purpose"] == p for e in comm) for p in counted}
+                assert traced == counted
+            ops = {e["args"]["op"] for e in comm}
+            assert ops == ({"allreduce"} if stage == 0 else {"allgather", "reduce_scatter", "allreduce"})
+
+
+# ----------------------------------------------------------------------------------------------
+# progress display
+# ----------------------------------------------------------------------------------------------
+
+def test_status_formatter():
+    assert format_status(42, 300, 0.123456, 18204.4, 3.25, 61) == \
+        "step  42/300 | loss 0.1235 | 18,204 samples/s | 3.2 s elapsed | ETA 1:01"
+    assert format_seconds(59.94) == "59.9 s" and format_seconds(3725) == "1:02:05"
+
+
+def test_status_line_keeps_the_live_line_below_the_log():
+    stream = io.StringIO()
+    status = StatusLine(stream, first_step=0, steps=10, batch_size=64)
+    print("header", file=status)
+    assert stream.getvalue() == "header\n"                        # nothing drawn yet: plain text
+    status.update(1, 2.5)
+    live = status.text
+    assert live.startswith("step  1/10 | loss 2.5000") and "ETA" in live
+    assert stream.getvalue().endswith("\r" + ERASE_LINE + live + "\r")
+    status.update(2, 2.4)                                         # within 0.1 s: not redrawn
+    assert status.text == live
+    print("step 2/10 | a log line", file=status)                  # erased, written, redrawn below
+    assert stream.getvalue().endswith(ERASE_LINE + "step 2/10 | a log line" + ERASE_LINE + "\n" + live + "\r")
+    status.update(10, 2.0)                                        # the last step always redraws
+    assert status.text.startswith("step 10/10 | loss 2.0000")
+    status.close()
+    assert stream.getvalue().endswith(ERASE_LINE) and status.text == ""
+    print("after", file=status)
+    assert stream.getvalue().endswith(ERASE_LINE + "after\n")
+
+
+def run_on_pty(*flags, cwd):
+    """python -m zerompi.train (one rank, no mpirun) with stdout and stderr on a pseudo-terminal."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "zerompi.train", *map(str, flags)], cwd=cwd,
+                               stdout=follower, stderr=follower, stdin=subprocess.DEVNULL)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:                                          # EIO: the child closed the pty
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert process.wait(timeout=120) == 0
+    return b"".join(chunks).decode()
+
+
+def test_live_line_on_a_terminal_and_plain_lines_otherwise(tmp_path):
+    flags = ("--steps", 40, "--hidden", 16, "--log-every", 20, "--report", "none")
+    text = run_on_pty(*flags, cwd=tmp_path)
+    assert "\r" + ERASE_LINE + "step 40/40 | loss " in text and " samples/s | " in text and "| ETA 0.0 s\r" in text
+    assert "step 20/40 | loss" in text and "held-out accuracy" in text      # the log lines are still there
+    plain = run_on_pty(*flags, "--progress", "lines", cwd=tmp_path)
+    assert "\x1b[" not in plain and "samples/s" not in plain and "step 20/40 | loss" in plain
+    piped = train_ok(1, *flags, cwd=tmp_path)                    # auto, not a terminal: plain lines
+    assert "\x1b[" not in piped.output and "step 20/40 | loss" in piped.stdout
+
+
+def test_progress_live_under_mpirun_draws_on_rank_0_only(tmp_path):
+    run = train_ok(2, "--steps", 30, "--hidden", 16, "--log-every", 0, "--report", "none", "--progress", "live",
+                   cwd=tmp_path)
+    assert run.stdout.count("step 30/30 | loss") == 1                # drawn once, by rank 0
+    assert run.stdout.count("held-out accuracy") == 1 and "\x1b[" in run.stdout
+
+
+@pytest.mark.parametrize("flags, keyword", [
+    (["--metrics", "nowhere/m.jsonl"], "cannot save metrics to nowhere/m.jsonl"),
+    (["--trace", "nowhere/t.json"], "cannot save the trace to nowhere/t.json"),
+    (["--trace", "."], "it is a folder"),
+    (["--progress", "fancy"], "unknown --progress 'fancy'"),
+])
+def test_bad_observability_flags(tmp_path, flags, keyword):
+    run = launch(2, *flags, "--steps", 2, cwd=tmp_path)
+    assert run.returncode == 2, run.describe()
+    assert run.stderr.count(ERROR_MARK) == 1 and keyword in run.stderr, run.describe()
+    assert files_under(tmp_path) == []
