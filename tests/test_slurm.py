@@ -27,6 +27,8 @@ from run_all import mpirun
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM_DIR = os.path.join(ROOT, "slurm")
 CPU_SCRIPTS = ["cpu_single_node.sbatch", "cpu_multi_node.sbatch"]
+GPU_SCRIPTS = ["gpu_openmpi_ucx.sbatch", "gpu_cray_mpich.sbatch", "gpu_mpich_pmi2.sbatch"]
+ONE_NODE = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1"]   # the GPU scripts ask for 2 nodes
 SMALL = ["--hidden", "16", "--log-every", "0", "--report", "none", "--batch-size", "128"]
 
 
@@ -129,7 +131,7 @@ def test_wrong_srun_mpi_plugin_is_caught_once(slurm, tmp_path):
     assert "SLURM_STEP_NUM_TASKS=3" in output and "MPI sees 1 rank" in output
 
 
-@pytest.mark.parametrize("script", CPU_SCRIPTS + ["common.sh"])
+@pytest.mark.parametrize("script", CPU_SCRIPTS + GPU_SCRIPTS + ["common.sh"])
 def test_every_script_is_valid_bash(script):
     subprocess.run(["bash", "-n", os.path.join(SLURM_DIR, script)], check=True, timeout=30)
 
@@ -140,6 +142,33 @@ def test_cpu_scripts_pass_sbatch_test_only(slurm, script, tmp_path):
     result = subprocess.run(["sbatch", "--test-only", *options, os.path.join(SLURM_DIR, script)],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "to start at" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("script", GPU_SCRIPTS)
+def test_gpu_scripts_pass_sbatch_test_only(slurm, script, tmp_path):
+    """The local Slurm declares 4 GPUs (tests/slurm/local_slurm.sh): --gpus-per-node=4 schedules."""
+    result = subprocess.run(["sbatch", "--test-only", *ONE_NODE, os.path.join(SLURM_DIR, script)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "to start at" in result.stderr, result.stderr
+
+
+def test_gpu_scripts_ask_for_every_gpu_of_the_node_not_one_per_task():
+    for script in GPU_SCRIPTS:
+        text = open(os.path.join(SLURM_DIR, script)).read()
+        assert "#SBATCH --gpus-per-node=" in text and "--gpu-bind=none" in text, script
+        assert "#SBATCH --gpus-per-task" not in text and "--device gpu" in text, script
+
+
+@pytest.mark.timeout(300)
+def test_gpu_pmi2_script_runs_on_slurm(slurm, tmp_path):
+    """The MPICH/pmi2 GPU script, whole, on the local Slurm (its GPUs are stand-ins, so the run
+    itself is told --device cpu): srun --mpi=pmi2 --gpu-bind=none starts 2 ranks that train."""
+    code, job, result = submit("gpu_mpich_pmi2.sbatch", tmp_path, *ONE_NODE, args=[*SMALL, "--steps", "20",
+                                                                                   "--device", "cpu"])
+    output = job_output(tmp_path, job)
+    assert code == 0, result.stderr + output
+    assert "ZeRO stage 3 on 2 ranks" in output and "held-out accuracy" in output
+    assert os.path.exists(os.path.join(tmp_path, "runs", f"zerompi-gpu-mpich-{job}", "final.npz"))
 
 
 def wait_until_gone(job, seconds):

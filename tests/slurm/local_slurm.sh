@@ -6,7 +6,9 @@
 #
 # Needs root and the packages (`apt-get install slurmd slurmctld slurm-client munge`; .ci/run
 # installs them). The node declares 8 CPUs whatever the machine has (SlurmdParameters=
-# config_overrides), so that 4- and 8-rank jobs fit on a 2-core CI machine, oversubscribed.
+# config_overrides), so that 4- and 8-rank jobs fit on a 2-core CI machine, oversubscribed; and 4
+# GPUs as a generic resource without devices, so that the GPU scripts' requests (--gpus-per-node,
+# --gpu-bind) are accepted and scheduled: the jobs then run with --device cpu.
 set -euo pipefail
 action=${1:-start}
 conf=/etc/slurm/slurm.conf
@@ -46,9 +48,13 @@ SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 SchedulerParameters=defer_batch
 KillWait=5
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=8 RealMemory=2000 State=UNKNOWN
+GresTypes=gpu
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=8 RealMemory=2000 Gres=gpu:4 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
+# 4 "GPUs": character devices that every machine has stand in for /dev/nvidia0..3 (Slurm counts
+# them and, with task/none, never touches them)
+printf 'NodeName=localhost Name=gpu File=%s\n' /dev/null /dev/zero /dev/full /dev/urandom > /etc/slurm/gres.conf
 if [ ! -s /etc/munge/munge.key ]; then
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
 fi
@@ -56,7 +62,7 @@ chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/
 chmod 0700 /etc/munge
 chmod 0400 /etc/munge/munge.key
 runuser -u munge -- /usr/sbin/munged
-slurmctld -i
+slurmctld -c          # a clean start: no jobs or node states from an earlier run
 slurmd -N localhost
 for _ in $(seq 1 60); do
     state=$(sinfo -h -n localhost -o %T 2>/dev/null || true)
