@@ -14,7 +14,7 @@ import argparse
 import os
 import tempfile
 
-from zerompi_runs import read_jsonl, train
+from zerompi_runs import finish_figure, read_jsonl, train
 
 STAGE_STYLES = (("tab:gray", "-", 5), ("tab:blue", "--", 3), ("tab:orange", "-.", 2), ("tab:green", ":", 1.5))
 
@@ -45,11 +45,7 @@ def plot(losses, num_ranks, out):
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (global batch)")
     ax.set_title(f"ZeRO stages 0-3, N = {num_ranks} ranks, float32: the same training run", fontsize=10)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=80)
-    print(f"wrote {out}")
+    finish_figure(fig, ax, out)
 
 
 def main():

@@ -13,7 +13,7 @@ rank), the lines the formulas of mixed-precision Adam (P = 2, G = 2, K = 12 byte
 """
 import argparse
 
-from zerompi_runs import report
+from zerompi_runs import finish_figure, report
 
 STAGE_COLORS = ("tab:gray", "tab:blue", "tab:orange", "tab:green")
 
@@ -51,11 +51,7 @@ def plot(results, psi, out):
     ax.set_ylabel("model state per rank (MB)")
     ax.set_title(f"ZeRO memory per rank, bf16 + fp32 Adam, Psi = {psi:,}\n"
                  "markers: measured (allocated buffers), dashed: formula", fontsize=10)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=80)
-    print(f"wrote {out}")
+    finish_figure(fig, ax, out)
 
 
 def main():

@@ -32,3 +32,12 @@ def report(num_ranks, *flags, cwd=None):
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def finish_figure(fig, ax, out):
+    """Legend, grid, tight layout, and the PNG at out (every figure of examples/ ends so)."""
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    print(f"wrote {out}")

@@ -30,6 +30,8 @@ let the local rank choose (the scripts in slurm/ do).
 """
 import numpy as np
 
+from .launch import first_number
+
 DEVICE_CHOICES = ("auto", "cpu", "gpu")
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID",
                         "PMI_LOCAL_RANK", "SLURM_LOCALID")
@@ -37,11 +39,7 @@ LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_L
 
 def local_rank(environ):
     """This process's rank among the processes of its node, as the launcher numbered it (0 when unknown)."""
-    for name in LOCAL_RANK_VARIABLES:
-        value = environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+    return first_number(environ, LOCAL_RANK_VARIABLES)
 
 
 def array_module(array):

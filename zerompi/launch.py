@@ -42,7 +42,12 @@ def launch_mismatch(mpi_size, environ):
 
 def launcher_rank(environ):
     """This process's rank as the launcher numbered it (0 when unknown)."""
-    for name in LAUNCHER_RANK_VARIABLES:
+    return first_number(environ, LAUNCHER_RANK_VARIABLES)
+
+
+def first_number(environ, names):
+    """The value of the first of the variables `names` that holds a number, else 0."""
+    for name in names:
         value = environ.get(name, "")
         if value.isdigit():
             return int(value)
