@@ -44,6 +44,8 @@ class TrainConfig:
     resume: str = ""                # "latest": from --save-dir's newest checkpoint if any; or a folder
     log_every: int = 25             # print loss and accuracy every this many steps (0: never)
     report: str = "table"           # end-of-run ledger: table, json (only JSON on stdout) or none
+    check_collectives: bool = False # exchange a header before each collective; stop on a disagreement
+    collective_timeout: float = 600.0   # end the job when a collective waits longer (seconds; 0: never)
 
 
 class ArgumentError(Exception):
@@ -129,6 +131,11 @@ def build_parser(rank=0):
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines (0: none)")
     p.add_argument("--report", default=d.report, metavar="{table,json,none}",
                    help="end-of-run ledger; json: stdout holds only the JSON report, progress goes to stderr")
+    p.add_argument("--check-collectives", action="store_true", default=d.check_collectives,
+                   help="before each collective, check that every rank calls the same one (kind, size, "
+                        "dtype, call site); stop naming both sides if not")
+    p.add_argument("--collective-timeout", type=float, default=d.collective_timeout, metavar="SECONDS",
+                   help="end the job when a collective waits longer than this for the other ranks (0: never)")
     return p
 
 
@@ -185,6 +192,8 @@ def check_config(cfg, num_ranks):
         return f"--min-lr must be in [0, --lr], got {cfg.min_lr}"
     if cfg.clip_norm < 0:
         return f"--clip-norm must be >= 0 (0: off), got {cfg.clip_norm}"
+    if not (math.isfinite(cfg.collective_timeout) and cfg.collective_timeout >= 0):
+        return f"--collective-timeout must be >= 0 seconds (0: off), got {cfg.collective_timeout}"
     if not cfg.loss_scale > 0 or not cfg.min_loss_scale > 0:
         return f"--loss-scale and --min-loss-scale must be positive, got {cfg.loss_scale}, {cfg.min_loss_scale}"
     return None

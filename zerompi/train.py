@@ -20,6 +20,7 @@ gradient in float32/float64/bf16, or the fp16 loss scale collapsed): the last go
 saved where --save-weights is set; 4 preempted (SIGTERM/SIGUSR1): a checkpoint was written to
 --save-dir, continue with --resume; 1 an unexpected failure (traceback, MPI_Abort).
 """
+import math
 import os
 import sys
 import time
@@ -41,6 +42,7 @@ from .schedule import learning_rate
 from .train_step import count_correct, train_step
 from .checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_training_checkpoint,
                                   start_from)
+from .watchdog import stagger
 from .weights import check_writable, save_weights
 
 DIVERGED = 3                          # exit status when training stops on a non-finite loss
@@ -148,8 +150,7 @@ def run(cfg, comm, out, preemption):
         if event:
             comm.print0(f"step {step + 1}: {event}", file=out)
         if not result.applied and not scaler.enabled:
-            stop(engine, cfg, f"step {step + 1}: the loss ({result.loss:g}) or the gradient norm "
-                              f"({result.grad_norm:g}) is not finite; lower --lr or try --clip-norm")
+            stop(engine, cfg, not_finite_message(step + 1, result, comm))
         if scaler.collapsed:
             stop(engine, cfg, f"step {step + 1}: the fp16 loss scale fell to {scaler.scale:g}, below "
                               f"--min-loss-scale {cfg.min_loss_scale:g}: gradients keep overflowing")
@@ -180,6 +181,22 @@ def run(cfg, comm, out, preemption):
         print("\n" + format_table(report), flush=True)
     elif comm.rank == 0 and cfg.report == "json":
         print(format_json(report), flush=True)
+
+
+def not_finite_message(step, result, comm):
+    """Collective: what was not finite at this step, where first: the layer (the first one whose
+    gradient is not finite, the same verdict on every rank) and the lowest rank whose own part of
+    the loss is not finite."""
+    if result.bad_layer >= 0:
+        grad = f"the gradient is not finite, first in layer {result.bad_layer} (layers.{result.bad_layer}.*)"
+    elif not math.isfinite(result.grad_norm):
+        grad = f"the gradient norm overflows ({result.grad_norm:g})"
+    else:
+        grad = f"the gradient is finite (norm {result.grad_norm:.3g})"
+    rank = comm.first_failing_rank(None if result.local_loss_finite else "loss")
+    loss = (f"the loss is {result.loss:g}" if rank is None else
+            f"the loss is not finite ({result.loss:g}), first on rank {rank}")
+    return f"step {step}: {grad}; {loss}: lower --lr or try --clip-norm"
 
 
 def stop(engine, cfg, message):
@@ -218,6 +235,7 @@ def main(argv=None):
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
         comm.check_all(check_config(cfg, comm.size))
+        comm.guard(cfg.check_collectives, cfg.collective_timeout)
         # from here a SIGTERM/SIGUSR1 only sets a flag; the loop checkpoints at the next step's end
         preemption = Preemption(enabled=bool(cfg.save_dir))
         # progress goes to stderr when stdout must hold nothing but the JSON report
@@ -227,9 +245,10 @@ def main(argv=None):
             run(cfg, comm, out, preemption)
     except SystemExit:
         raise
-    except BaseException:                      # a bug or an MPI failure: never leave ranks hanging
+    except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
+        time.sleep(stagger(comm.rank))         # several ranks failing at once: the lowest one reports
         traceback.print_exc()
-        sys.stderr.flush()
+        print(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         comm.mpi.Abort(1)
     return 0
 
