@@ -57,12 +57,13 @@ class Run:
                 f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}")
 
 
-def launch(n, *flags, cwd, timeout=TIMEOUT):
-    """Run `mpirun -n n python -m zerompi.train *flags` in cwd; returns a Run (never hangs)."""
-    args = [_mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.train", *map(str, flags)]
+def launch(n, *flags, cwd, timeout=TIMEOUT, program=("-m", "zerompi.train"), env=None):
+    """Run `mpirun -n n python -m zerompi.train *flags` (or another python program) in cwd, in
+    the environment env (None: this one); returns a Run (never hangs)."""
+    args = [_mpirun(), "-n", str(n), sys.executable, *program, *map(str, flags)]
     start = time.perf_counter()
     process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                               stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
