@@ -8,6 +8,7 @@ import argparse
 import math
 from dataclasses import dataclass, fields
 
+from .config_files import ConfigFileError, flags_from_file
 from .precision import DTYPE_NAMES
 from .schedule import SCHEDULES
 
@@ -131,17 +132,43 @@ def build_parser(rank=0):
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines (0: none)")
     p.add_argument("--report", default=d.report, metavar="{table,json,none}",
                    help="end-of-run ledger; json: stdout holds only the JSON report, progress goes to stderr")
-    p.add_argument("--check-collectives", action="store_true", default=d.check_collectives,
+    p.add_argument("--check-collectives", action=argparse.BooleanOptionalAction, default=d.check_collectives,
                    help="before each collective, check that every rank calls the same one (kind, size, "
                         "dtype, call site); stop naming both sides if not")
     p.add_argument("--collective-timeout", type=float, default=d.collective_timeout, metavar="SECONDS",
                    help="end the job when a collective waits longer than this for the other ranks (0: never)")
+    p.add_argument("--config", default="", metavar="FILE",
+                   help="read flags from a TOML file (keys: the long flag names) or, if it ends in .json, "
+                        "a DeepSpeed config; flags on the command line win")
+    p.add_argument("--deepspeed-config", default="", metavar="FILE",
+                   help="read a DeepSpeed JSON config (zero_optimization.stage, batch sizes, fp16/bf16, "
+                        "optimizer, gradient_clipping, scheduler); flags on the command line win")
     return p
 
 
-def parse_args(argv, rank=0):
-    """TrainConfig from a command line; raises ArgumentError with a one-line message."""
-    args = build_parser(rank).parse_args(argv)
+def parse_args(argv, rank=0, num_ranks=1):
+    """TrainConfig from a command line and the config file it names (zerompi/config_files.py);
+    raises ArgumentError with a one-line message."""
+    parser = build_parser(rank)
+    files = _Parser(rank, add_help=False)
+    files.add_argument("--config", default="")
+    files.add_argument("--deepspeed-config", default="")
+    path = files.parse_known_args(argv)[0]
+    if path.config and path.deepspeed_config:
+        raise ArgumentError("--config and --deepspeed-config: choose one")
+    if path.config or path.deepspeed_config:
+        name = path.config or path.deepspeed_config
+        known = {f.name.replace("_", "-") for f in fields(TrainConfig)}
+        try:
+            file_flags = flags_from_file(name, bool(path.deepspeed_config) or name.endswith(".json"), known,
+                                         num_ranks, TrainConfig.lr)
+            from_file = build_parser(rank).parse_args(file_flags)
+        except ConfigFileError as e:
+            raise ArgumentError(str(e)) from None
+        except ArgumentError as e:
+            raise ArgumentError(f"{name}: {e}") from None
+        parser.set_defaults(**{f.name: getattr(from_file, f.name) for f in fields(TrainConfig)})
+    args = parser.parse_args(argv)
     return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
 
 

@@ -230,7 +230,7 @@ def main(argv=None):
                 print(f"zerompi: error: {mismatch}", file=sys.stderr, flush=True)
             raise SystemExit(2)
         try:
-            cfg, error = parse_args(sys.argv[1:] if argv is None else argv, comm.rank), None
+            cfg, error = parse_args(sys.argv[1:] if argv is None else argv, comm.rank, comm.size), None
         except ArgumentError as e:
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
