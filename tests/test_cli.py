@@ -152,6 +152,43 @@ def _nan_in_x(folder):
     return "nan.npz"
 
 
+def _truncated_npz(folder):
+    x, y = _good_xy()
+    np.savez(os.path.join(folder, "cut.npz"), x=x, y=y)
+    with open(os.path.join(folder, "cut.npz"), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(folder, "cut.npz")) // 2)   # a copy that stopped halfway
+    return "cut.npz"
+
+
+def _a_folder(folder):
+    os.mkdir(os.path.join(folder, "out"))
+    return "out"
+
+
+def _a_file(folder):
+    with open(os.path.join(folder, "notes.txt"), "w") as f:
+        f.write("a file, not a folder\n")
+    return "notes.txt"
+
+
+def _write(name, text):
+    def maker(folder):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+        return name
+    return maker
+
+
+_toml_unknown_keys = _write("run.toml", "stage = 1\nbatchsize = 4\nlearning_rate = 0.1\n")
+_toml_invalid = _write("run.toml", "stage = \n")
+_toml_bad_value = _write("run.toml", 'lr = "fast"\n')
+_ds_unsupported = _write("ds.json", '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},'
+                                    ' "optimizer": {"type": "Lamb"}, "wall_clock_breakdown": false}')
+_ds_inconsistent = _write("ds.json", '{"train_batch_size": 100, "train_micro_batch_size_per_gpu": 4,'
+                                     ' "gradient_accumulation_steps": 1}')
+_ds_invalid = _write("ds.json", '{"zero_optimization": {"stage": 2},}')
+
+
 @pytest.fixture(scope="module")
 def hidden8_weights(tmp_path_factory):
     """A weights file of the synthetic-data model with --hidden 8 (32-8-10)."""
@@ -193,27 +230,51 @@ BAD_INPUTS = [
     ("lr-inf", ["--lr", "inf"], "--lr must be a finite number", None, (3,)),
     ("weight-decay-inf", ["--weight-decay", "inf"], "--weight-decay must be a finite number", None, (3,)),
     ("data-huge-label", ["--data", "{input}"], "more than 100000 classes", _huge_label, (3,)),
+    ("data-truncated", ["--data", "{input}"], "cut.npz: not a valid .npz", _truncated_npz, (3,)),
+    ("save-weights-is-a-folder", ["--save-weights", "{input}"], "it is a folder", _a_folder, (3,)),
+    ("save-weights-under-a-file", ["--save-weights", "{input}/w.npz"], "does not exist", _a_file, (3,)),
+    ("collective-timeout-negative", ["--collective-timeout", -1], "--collective-timeout must be >= 0", None, (3,)),
+    ("config-missing", ["--config", "missing.toml"], "cannot read config file missing.toml", None, (3, 1)),
+    ("config-unknown-keys", ["--config", "{input}"], "unknown keys: batchsize, learning_rate",
+     _toml_unknown_keys, (3,)),
+    ("config-invalid-toml", ["--config", "{input}"], "run.toml is not valid TOML", _toml_invalid, (3,)),
+    ("config-bad-value", ["--config", "{input}"], "run.toml: argument --lr: invalid float value: 'fast'",
+     _toml_bad_value, (3,)),
+    ("deepspeed-unsupported", ["--deepspeed-config", "{input}"], "unsupported DeepSpeed settings: "
+     "wall_clock_breakdown, zero_optimization.offload_optimizer, optimizer.type='Lamb'", _ds_unsupported, (3,)),
+    ("deepspeed-inconsistent-batch", ["--config", "{input}"], "inconsistent batch sizes: train_batch_size 100",
+     _ds_inconsistent, (3,)),
+    ("deepspeed-invalid-json", ["--config", "{input}"], "ds.json is not valid JSON", _ds_invalid, (3,)),
+    ("config-and-deepspeed", ["--config", "a.toml", "--deepspeed-config", "b.json"], "choose one", None, (3,)),
 ]
 
-BAD_INPUT_PARAMS = [pytest.param(n, flags, keyword, maker, id=f"{name}-n{n}")
-                    for name, flags, keyword, maker, counts in BAD_INPUTS for n in counts]
+# (id, environment variables, keyword, rank counts): bad environments, checked the same way
+BAD_ENVIRONMENTS = [
+    ("omp-num-threads-text", {"OMP_NUM_THREADS": "many"}, "OMP_NUM_THREADS='many'", (3, 1)),
+    ("omp-num-threads-zero", {"OMP_NUM_THREADS": "0"}, "OMP_NUM_THREADS='0'", (3,)),
+]
+
+BAD_INPUT_PARAMS = [pytest.param(n, flags, keyword, maker, None, id=f"{name}-n{n}")
+                    for name, flags, keyword, maker, counts in BAD_INPUTS for n in counts] + \
+                   [pytest.param(n, [], keyword, None, env, id=f"{name}-n{n}")
+                    for name, env, keyword, counts in BAD_ENVIRONMENTS for n in counts]
 
 @pytest.mark.timeout(4 * TIMEOUT)
-@pytest.mark.parametrize("n, flags, keyword, maker", BAD_INPUT_PARAMS)
-def test_bad_input_fails_once_cleanly_and_writes_nothing(n, flags, keyword, maker, tmp_path, request):
+@pytest.mark.parametrize("n, flags, keyword, maker, env", BAD_INPUT_PARAMS)
+def test_bad_input_fails_once_cleanly_and_writes_nothing(n, flags, keyword, maker, env, tmp_path, request):
     name = None
     if maker == "hidden8":
         name = "w8.npz"
         shutil.copy(request.getfixturevalue("hidden8_weights"), tmp_path / name)
     elif maker is not None:
         name = maker(str(tmp_path))
-    flags = [name if f == "{input}" else f for f in flags]
+    flags = [f.replace("{input}", name) if isinstance(f, str) and name else f for f in flags]
     before = files_under(tmp_path)
     # the run would be short even if the check were missing: tiny model, few steps, and a
     # --save-weights target whose appearance would show that the run went on
     tiny = ["--steps", 2, "--hidden", 4, "--batch-size", 12, "--log-every", 0, "--report", "none"]
     run = launch(n, *tiny, *flags, *([] if "--save-weights" in flags else ["--save-weights", "out.npz"]),
-                 cwd=tmp_path)
+                 cwd=tmp_path, env=None if env is None else dict(os.environ, **env))
 
     assert run.returncode == 2, run.describe()
     assert run.output.count(ERROR_MARK) == 1, run.describe()

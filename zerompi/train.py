@@ -34,7 +34,7 @@ from .comm import Communicator
 from .config import ArgumentError, check_config, parse_args
 from .data import BatchSchedule, DataError, load_digits, load_npz, make_synthetic
 from .engine import build_engine
-from .launch import blas_threads, launch_mismatch, launcher_rank
+from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler
 from .precision import precision_for
 from .report import build_report, format_json, format_table
@@ -235,6 +235,7 @@ def main(argv=None):
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
         comm.check_all(check_config(cfg, comm.size))
+        comm.check_all(threads_variable_error(os.environ))
         comm.guard(cfg.check_collectives, cfg.collective_timeout)
         # from here a SIGTERM/SIGUSR1 only sets a flag; the loop checkpoints at the next step's end
         preemption = Preemption(enabled=bool(cfg.save_dir))
