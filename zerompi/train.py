@@ -18,7 +18,9 @@ so the run computes what one process would compute on the whole batch, for every
 Exit status: 0 done; 2 bad input (one line on stderr); 3 training diverged (a non-finite loss or
 gradient in float32/float64/bf16, or the fp16 loss scale collapsed): the last good weights are
 saved where --save-weights is set; 4 preempted (SIGTERM/SIGUSR1): a checkpoint was written to
---save-dir, continue with --resume; 1 an unexpected failure (traceback, MPI_Abort).
+--save-dir, continue with --resume; 5 the ranks disagreed on a collective (--check-collectives);
+6 a collective waited past --collective-timeout (zerompi/watchdog.py); 1 an unexpected failure
+(traceback, one line naming the rank, MPI_Abort).
 """
 import math
 import os
