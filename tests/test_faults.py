@@ -47,11 +47,10 @@ def test_an_exception_ends_the_job_with_one_report_naming_the_rank(ranks, tmp_pa
     assert run.output.count("Traceback") == 1, run.describe()
 
 
-@pytest.mark.parametrize("watchdog", [0, 30])
-def test_a_rank_killed_mid_step_ends_the_job(watchdog, tmp_path):
-    """mpirun (MPICH's hydra) ends the whole job when one rank dies, watchdog or not (measured:
-    about 1 s); under srun that takes --kill-on-bad-exit=1, or the watchdog."""
-    run = with_fault(3, "kill", "1", 3, "--collective-timeout", watchdog, cwd=tmp_path)
+def test_a_rank_killed_mid_step_ends_the_job(tmp_path):
+    """mpirun (MPICH's hydra) ends the whole job when one rank dies, with the watchdog off
+    (measured: about 1 s); under srun that takes --kill-on-bad-exit=1, or the watchdog."""
+    run = with_fault(3, "kill", "1", 3, "--collective-timeout", 0, cwd=tmp_path)
     assert run.returncode != 0, run.describe()
     assert "Killed" in run.output or "signal 9" in run.output, run.describe()
     assert not os.path.exists(tmp_path / "out.npz")
@@ -94,11 +93,11 @@ def test_nan_in_one_layers_gradient_on_one_rank_names_that_layer(stage, tmp_path
 
 
 def test_check_collectives_passes_a_full_run_and_changes_no_bit(tmp_path):
-    """The check on a run that uses every kind of collective (each stage, checkpoints, consolidated
-    weights) finds no false disagreement, and the weights are bitwise those of a run without it."""
+    """The check on runs that use every kind of collective (stages 1 and 3, checkpoints, consolidated
+    weights, the end-of-run report) finds no false disagreement, and the weights are bitwise those of a run without it."""
     common = ["--hidden", "7,5", "--batch-size", 12, "--steps", 4, "--log-every", 0, "--report", "none",
               "--data", "synthetic", "--save-every", 2]
-    for stage in (0, 1, 2, 3):
+    for stage in (1, 3):                            # stage 3: every kind of collective but all-reduce of grads
         for check in (False, True):
             folder = tmp_path / f"stage{stage}-{check}"
             folder.mkdir()
