@@ -44,7 +44,7 @@ from .schedule import learning_rate
 from .train_step import count_correct, train_step
 from .checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_training_checkpoint,
                                   start_from)
-from .watchdog import stagger
+from .watchdog import report_then_abort, stagger
 from .weights import check_writable, save_weights
 
 DIVERGED = 3                          # exit status when training stops on a non-finite loss
@@ -251,8 +251,7 @@ def main(argv=None):
     except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
         time.sleep(stagger(comm.rank))         # several ranks failing at once: the lowest one reports
         traceback.print_exc()
-        print(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        comm.mpi.Abort(1)
+        report_then_abort(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", comm.mpi.Abort, 1)
     return 0
 
 

@@ -16,22 +16,32 @@ mpi4py releases the GIL inside MPI calls, so the thread runs while the main thre
 initializes MPI with MPI_THREAD_MULTIPLE, so the thread may call MPI_Abort.
 
 Printed once: every waiting rank's watchdog would fire at about the same moment, so rank r fires
-`stagger(r)` seconds late: the lowest waiting rank prints and aborts, and the abort ends the others
-before their turn (measured with mpirun: well under 0.5 s). The same stagger keeps a failure that
-hits every rank at once (zerompi/train.py main) to one report.
+`stagger(r)` seconds late: the lowest waiting rank prints, pauses REPORT_PAUSE_SECONDS (mpirun
+forwards output asynchronously, and an abort right after a print lost the line on a loaded
+machine) and aborts, and the abort ends the others before their turn (measured with mpirun: well
+under 0.5 s). The same stagger keeps a failure that hits every rank at once (zerompi/train.py
+main) to one report.
 """
 import sys
 import threading
 import time
 
 TIMED_OUT = 6                    # exit status of a job the watchdog ended
-STAGGER_SECONDS = 0.5            # per rank; see the docstring
+STAGGER_SECONDS = 1.0            # per rank; see the docstring
+REPORT_PAUSE_SECONDS = 0.5
 MAX_STAGGER_SECONDS = 10.0
 
 
 def stagger(rank):
     """Seconds rank waits before reporting a failure others may report too (lowest rank first)."""
     return min(STAGGER_SECONDS * rank, MAX_STAGGER_SECONDS)
+
+
+def report_then_abort(message, abort, exit_code):
+    """Print the one error line, give the launcher time to forward it, and end every rank."""
+    print(message, file=sys.stderr, flush=True)
+    time.sleep(REPORT_PAUSE_SECONDS)
+    abort(exit_code)
 
 
 class CollectiveWatchdog:
@@ -61,9 +71,8 @@ class CollectiveWatchdog:
                 continue
             buffer = self.buffer
             size = "" if buffer is None else f", {buffer.size:,} {buffer.dtype} elements"
-            print(f"zerompi: error: rank {self.rank} waited {waited:.1f} s in {self.kind} ({self.purpose}"
-                  f"{size}) for ranks that never joined it (limit: "
-                  f"--collective-timeout {self.limit:g}): a rank is stopped, dead, or in another "
-                  f"collective (--check-collectives finds that); ending the job", file=sys.stderr, flush=True)
-            self.abort(TIMED_OUT)
+            report_then_abort(f"zerompi: error: rank {self.rank} waited {waited:.1f} s in {self.kind} "
+                              f"({self.purpose}{size}) for ranks that never joined it (limit: --collective-timeout "
+                              f"{self.limit:g}): a rank is stopped, dead, or in another collective "
+                              f"(--check-collectives finds that); ending the job", self.abort, TIMED_OUT)
             return
