@@ -22,34 +22,17 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 
-from test_cli import ERROR_MARK, Run, _mpirun, files_under, load_weights
+from test_cli import ERROR_MARK, _mpirun, files_under, launch, load_weights
 from test_checkpoint_files import snapshot
 
 TIMEOUT = 120                   # seconds for one launch before it is killed
 COMMON = ["--hidden", "9,7", "--batch-size", 12, "--data", "synthetic", "--report", "none",
           "--log-every", 0]
 STEP10, STEP20, STEP30 = "step_00000010", "step_00000020", "step_00000030"
-
-
-def launch(n, *flags, cwd, env=None, timeout=TIMEOUT):
-    """`mpirun -n n python -m zerompi.train *flags` in cwd (optionally with env): a Run, never a hang."""
-    args = [_mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.train", *map(str, flags)]
-    start = time.perf_counter()
-    process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                               stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(process)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"timed out after {timeout} s: {' '.join(args)}\n--- stdout ---\n{stdout}"
-                    f"\n--- stderr ---\n{stderr}")
-    return Run(args, process.returncode, stdout, stderr, time.perf_counter() - start)
 
 
 def _kill_group(process):
@@ -358,6 +341,15 @@ def test_resume_beyond_steps_is_refused_or_runs_zero_steps(finished, tmp_path):
     run = launch(2, "--stage", 1, "--steps", 5, *COMMON, "--report", "json", "--save-dir", "ck", "--resume",
                  cwd=tmp_path, timeout=60)
     fails_once(run, 2, "--steps")
+
+
+def test_resume_from_a_checkpoint_of_another_model_is_refused_naming_it(finished, tmp_path):
+    shutil.copytree(finished / "ck", tmp_path / "ck")
+    before = snapshot(tmp_path / "ck")
+    run = launch(2, "--stage", 1, "--steps", 20, *COMMON, "--hidden", "9,8", "--save-dir", "ck", "--resume",
+                 cwd=tmp_path, timeout=60)
+    fails_once(run, 2, f"ck/{STEP10}", "sizes [32, 9, 7, 10], but this run builds [32, 9, 8, 10]")
+    assert snapshot(tmp_path / "ck") == before
 
 
 def test_corrupt_shard_found_by_one_rank_fails_every_rank_once(finished, tmp_path):

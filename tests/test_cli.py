@@ -57,12 +57,13 @@ class Run:
                 f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}")
 
 
-def launch(n, *flags, cwd, timeout=TIMEOUT):
-    """Run `mpirun -n n python -m zerompi.train *flags` in cwd; returns a Run (never hangs)."""
-    args = [_mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.train", *map(str, flags)]
+def launch(n, *flags, cwd, timeout=TIMEOUT, program=("-m", "zerompi.train"), env=None):
+    """Run `mpirun -n n python -m zerompi.train *flags` (or another python program) in cwd, in
+    the environment env (None: this one); returns a Run (never hangs)."""
+    args = [_mpirun(), "-n", str(n), sys.executable, *program, *map(str, flags)]
     start = time.perf_counter()
     process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                               stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -151,6 +152,43 @@ def _nan_in_x(folder):
     return "nan.npz"
 
 
+def _truncated_npz(folder):
+    x, y = _good_xy()
+    np.savez(os.path.join(folder, "cut.npz"), x=x, y=y)
+    with open(os.path.join(folder, "cut.npz"), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(folder, "cut.npz")) // 2)   # a copy that stopped halfway
+    return "cut.npz"
+
+
+def _a_folder(folder):
+    os.mkdir(os.path.join(folder, "out"))
+    return "out"
+
+
+def _a_file(folder):
+    with open(os.path.join(folder, "notes.txt"), "w") as f:
+        f.write("a file, not a folder\n")
+    return "notes.txt"
+
+
+def _write(name, text):
+    def maker(folder):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+        return name
+    return maker
+
+
+_toml_unknown_keys = _write("run.toml", "stage = 1\nbatchsize = 4\nlearning_rate = 0.1\n")
+_toml_invalid = _write("run.toml", "stage = \n")
+_toml_bad_value = _write("run.toml", 'lr = "fast"\n')
+_ds_unsupported = _write("ds.json", '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},'
+                                    ' "optimizer": {"type": "Lamb"}, "wall_clock_breakdown": false}')
+_ds_inconsistent = _write("ds.json", '{"train_batch_size": 100, "train_micro_batch_size_per_gpu": 4,'
+                                     ' "gradient_accumulation_steps": 1}')
+_ds_invalid = _write("ds.json", '{"zero_optimization": {"stage": 2},}')
+
+
 @pytest.fixture(scope="module")
 def hidden8_weights(tmp_path_factory):
     """A weights file of the synthetic-data model with --hidden 8 (32-8-10)."""
@@ -192,27 +230,51 @@ BAD_INPUTS = [
     ("lr-inf", ["--lr", "inf"], "--lr must be a finite number", None, (3,)),
     ("weight-decay-inf", ["--weight-decay", "inf"], "--weight-decay must be a finite number", None, (3,)),
     ("data-huge-label", ["--data", "{input}"], "more than 100000 classes", _huge_label, (3,)),
+    ("data-truncated", ["--data", "{input}"], "cut.npz: not a valid .npz", _truncated_npz, (3,)),
+    ("save-weights-is-a-folder", ["--save-weights", "{input}"], "it is a folder", _a_folder, (3,)),
+    ("save-weights-under-a-file", ["--save-weights", "{input}/w.npz"], "does not exist", _a_file, (3,)),
+    ("collective-timeout-negative", ["--collective-timeout", -1], "--collective-timeout must be >= 0", None, (3,)),
+    ("config-missing", ["--config", "missing.toml"], "cannot read config file missing.toml", None, (3, 1)),
+    ("config-unknown-keys", ["--config", "{input}"], "unknown keys: batchsize, learning_rate",
+     _toml_unknown_keys, (3,)),
+    ("config-invalid-toml", ["--config", "{input}"], "run.toml is not valid TOML", _toml_invalid, (3,)),
+    ("config-bad-value", ["--config", "{input}"], "run.toml: argument --lr: invalid float value: 'fast'",
+     _toml_bad_value, (3,)),
+    ("deepspeed-unsupported", ["--deepspeed-config", "{input}"], "unsupported DeepSpeed settings: "
+     "wall_clock_breakdown, zero_optimization.offload_optimizer, optimizer.type='Lamb'", _ds_unsupported, (3,)),
+    ("deepspeed-inconsistent-batch", ["--config", "{input}"], "inconsistent batch sizes: train_batch_size 100",
+     _ds_inconsistent, (3,)),
+    ("deepspeed-invalid-json", ["--config", "{input}"], "ds.json is not valid JSON", _ds_invalid, (3,)),
+    ("config-and-deepspeed", ["--config", "a.toml", "--deepspeed-config", "b.json"], "choose one", None, (3,)),
 ]
 
-BAD_INPUT_PARAMS = [pytest.param(n, flags, keyword, maker, id=f"{name}-n{n}")
-                    for name, flags, keyword, maker, counts in BAD_INPUTS for n in counts]
+# (id, environment variables, keyword, rank counts): bad environments, checked the same way
+BAD_ENVIRONMENTS = [
+    ("omp-num-threads-text", {"OMP_NUM_THREADS": "many"}, "OMP_NUM_THREADS='many'", (3, 1)),
+    ("omp-num-threads-zero", {"OMP_NUM_THREADS": "0"}, "OMP_NUM_THREADS='0'", (3,)),
+]
+
+BAD_INPUT_PARAMS = [pytest.param(n, flags, keyword, maker, None, id=f"{name}-n{n}")
+                    for name, flags, keyword, maker, counts in BAD_INPUTS for n in counts] + \
+                   [pytest.param(n, [], keyword, None, env, id=f"{name}-n{n}")
+                    for name, env, keyword, counts in BAD_ENVIRONMENTS for n in counts]
 
 @pytest.mark.timeout(4 * TIMEOUT)
-@pytest.mark.parametrize("n, flags, keyword, maker", BAD_INPUT_PARAMS)
-def test_bad_input_fails_once_cleanly_and_writes_nothing(n, flags, keyword, maker, tmp_path, request):
+@pytest.mark.parametrize("n, flags, keyword, maker, env", BAD_INPUT_PARAMS)
+def test_bad_input_fails_once_cleanly_and_writes_nothing(n, flags, keyword, maker, env, tmp_path, request):
     name = None
     if maker == "hidden8":
         name = "w8.npz"
         shutil.copy(request.getfixturevalue("hidden8_weights"), tmp_path / name)
     elif maker is not None:
         name = maker(str(tmp_path))
-    flags = [name if f == "{input}" else f for f in flags]
+    flags = [f.replace("{input}", name) if isinstance(f, str) and name else f for f in flags]
     before = files_under(tmp_path)
     # the run would be short even if the check were missing: tiny model, few steps, and a
     # --save-weights target whose appearance would show that the run went on
     tiny = ["--steps", 2, "--hidden", 4, "--batch-size", 12, "--log-every", 0, "--report", "none"]
     run = launch(n, *tiny, *flags, *([] if "--save-weights" in flags else ["--save-weights", "out.npz"]),
-                 cwd=tmp_path)
+                 cwd=tmp_path, env=None if env is None else dict(os.environ, **env))
 
     assert run.returncode == 2, run.describe()
     assert run.output.count(ERROR_MARK) == 1, run.describe()
@@ -309,6 +371,20 @@ def test_every_stage_and_rank_count_trains_the_same_weights(n, stage, reference_
         assert got.dtype == np.float64 and got.shape == want.shape, name
         relative = np.max(np.abs(got - want)) / np.max(np.abs(want))
         assert relative <= 1e-12, f"{name}: relative difference {relative:.3g} (N={n}, stage {stage})"
+
+
+def test_more_ranks_than_a_layer_has_elements_trains_the_same_in_every_stage(tmp_path):
+    """--hidden 1,1: the middle layer has 1 weight and 1 bias, so on 4 ranks two ranks own only
+    padding; stage 3 (sharded parameters) pads and agrees with stage 0."""
+    flags = ["--hidden", "1,1", "--data", "synthetic", "--dtype", "float64", "--steps", 3, "--batch-size", 16,
+             "--log-every", 0, "--report", "none"]
+    weights = []
+    for stage in (0, 3):
+        train_ok(4, "--stage", stage, *flags, "--save-weights", f"w{stage}.npz", cwd=tmp_path)
+        weights.append(load_weights(tmp_path / f"w{stage}.npz"))
+    assert weights[0]["layers.1.weight"].shape == (1, 1)
+    for name, want in weights[0].items():
+        np.testing.assert_allclose(weights[1][name], want, rtol=1e-12, atol=0, err_msg=name)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,3 +41,13 @@ def test_a_lone_process_that_was_told_it_has_siblings_stops_with_one_line(tmp_pa
     result = subprocess.run([sys.executable, "-m", "zerompi.train", "--steps", "2"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "zerompi: error:" not in result.stderr
+
+
+def test_omp_num_threads_must_be_a_positive_integer():
+    from zerompi.launch import threads_variable_error
+    assert threads_variable_error({}) is None
+    assert threads_variable_error({"OMP_NUM_THREADS": "2"}) is None
+    assert threads_variable_error({"OMP_NUM_THREADS": "4,2"}) is None          # OpenMP's nested form
+    assert blas_threads(2, {"OMP_NUM_THREADS": "4,2"}, cores=16) == 4
+    for bad in ("", "0", "-1", "two", "2.5"):
+        assert f"OMP_NUM_THREADS={bad!r}" in threads_variable_error({"OMP_NUM_THREADS": bad})

@@ -41,6 +41,10 @@ that zerompi/device.py can choose the GPU first.
 
 `check_all` turns an error found on some ranks into the same clean exit on all of them.
 With --trace, `tracer` (zerompi/trace.py) also receives each timed collective as a span.
+
+Guards, off unless `guard` turns them on (`_begin` runs before every collective, `_end` after):
+--check-collectives exchanges a header first (zerompi/collective_check.py), --collective-timeout
+ends the job when a collective waits too long (zerompi/watchdog.py).
 """
 import atexit
 import os
@@ -52,10 +56,12 @@ mpi4py.rc.initialize = False          # MPI starts in init_mpi(), after the devi
 from mpi4py import MPI                # noqa: E402
 import numpy as np                    # noqa: E402
 
+from .collective_check import MISMATCH, CollectiveCheck   # noqa: E402
 from .device import CPU               # noqa: E402
 from .ledger import CommLedger        # noqa: E402
 from .mpi_cuda import cuda_aware      # noqa: E402
 from .precision import is_16bit       # noqa: E402
+from .watchdog import CollectiveWatchdog   # noqa: E402
 
 
 def init_mpi():
@@ -90,6 +96,32 @@ class Communicator:
         self.staging_full = self.staging_shard = None   # see reserve_staging
         self.host_staging = None                        # see reserve_host_staging
         self.tracer = None            # a zerompi.trace.Tracer with --trace: each collective is a span
+        self.check = self.watchdog = None                # see guard
+
+    def guard(self, check_collectives=False, collective_timeout=0.0):
+        """Turn on --check-collectives and/or the --collective-timeout watchdog (0: off)."""
+        if check_collectives:
+            self.check = CollectiveCheck(self.rank, self.size)
+        if collective_timeout > 0:
+            self.watchdog = CollectiveWatchdog(collective_timeout, self.rank, self.mpi.Abort)
+
+    def _begin(self, kind, purpose, buffer):
+        """Before every collective: the guards that are on; returns the start time."""
+        if self.watchdog is not None:
+            self.watchdog.enter(kind, purpose, buffer)
+        if self.check is not None:
+            self.check.fill_header(kind, purpose, buffer)
+            self.mpi.Allgather(self.check.header, self.check.table)
+            if not self.check.agreed():
+                self.mpi.Allgather(self.check.own_description(), self.check.descriptions)
+                self._end()
+                self.print0(f"zerompi: error: {self.check.mismatch_message()}", file=sys.stderr)
+                raise SystemExit(MISMATCH)          # on every rank: they all hold the same table
+        return time.perf_counter()
+
+    def _end(self):
+        if self.watchdog is not None:
+            self.watchdog.leave()
 
     def reserve_staging(self, memory, max_elements, reduce_dtype):
         """Staging for reductions that cannot run on the buffer itself: 16-bit buffers (widened
@@ -114,6 +146,7 @@ class Communicator:
             memory.record("work", "comm.host_staging (pinned host)", self.host_staging)
 
     def _record(self, op, purpose, wire_buffer, start):
+        self._end()
         end = time.perf_counter()
         self.ledger.record(op, purpose, wire_buffer, self.size, end - start)
         if self.tracer is not None:
@@ -126,7 +159,7 @@ class Communicator:
         if is_16bit(buf):
             wire = self.staging_full[:buf.size]
             wire[...] = buf                                # widen
-        start = time.perf_counter()
+        start = self._begin("allreduce", purpose, wire)
         self._sum_all(wire)
         self._record("allreduce", purpose, wire, start)
         if wire is not buf:
@@ -139,7 +172,7 @@ class Communicator:
             send = self.staging_full[:full.size]
             send[...] = full                               # widen
         recv = self.staging_shard[:shard.size] if (accumulate or send is not full) else shard
-        start = time.perf_counter()
+        start = self._begin("reduce_scatter", purpose, send)
         self._sum_scatter(send, recv)
         self._record("reduce_scatter", purpose, send, start)
         if accumulate:
@@ -154,20 +187,20 @@ class Communicator:
         if is_16bit(full):
             self.reduce_scatter_sum(full, shard, purpose)  # via staging; shard is read first
             return shard
-        start = time.perf_counter()
+        start = self._begin("reduce_scatter", purpose, full)
         self._sum_scatter(full, None)
         self._record("reduce_scatter", purpose, full, start)
         return shard
 
     def allgather(self, shard, full, purpose):
         """full (n,) <- every rank's shard (n/N,), in rank order; 16-bit values travel as 16-bit words."""
-        start = time.perf_counter()
+        start = self._begin("allgather", purpose, full)
         self._gather_all(_words(full), _words(shard))
         self._record("allgather", purpose, full, start)
 
     def allgather_in_place(self, full, purpose):
         """MPI_IN_PLACE: this rank's block of `full` is already in place."""
-        start = time.perf_counter()
+        start = self._begin("allgather", purpose, full)
         self._gather_all(_words(full), None)
         self._record("allgather", purpose, full, start)
 
@@ -231,7 +264,9 @@ class Communicator:
     def gather_to_root(self, send, recv):
         """Rank 0 receives every rank's equal-sized `send` into recv (size, ...); not ledgered
         (the end-of-run report and checkpoint manifests: bookkeeping, not training traffic)."""
+        self._begin("gather", "bookkeeping", send)
         self.mpi.Gather(send, recv, root=0)
+        self._end()
 
     def gather_bytes_to_root(self, data):
         """Rank 0 receives every rank's `data` (bytes of any length) as a list, in rank order; None
@@ -253,7 +288,9 @@ class Communicator:
 
     def ranks_on_this_node(self):
         """How many ranks share this node (and its cores)."""
+        self._begin("split", "launch", None)
         node = self.mpi.Split_type(MPI.COMM_TYPE_SHARED)
+        self._end()
         count = node.Get_size()
         node.Free()
         return count
@@ -266,7 +303,9 @@ class Communicator:
     def first_failing_rank(self, error):
         """Collective: the lowest rank whose error is not None, or None when no rank has one."""
         flag = np.array([self.rank if error is not None else self.size], dtype=np.int64)
+        self._begin("allreduce_min", "control", flag)
         self.mpi.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
+        self._end()
         return int(flag[0]) if flag[0] < self.size else None
 
     def any_failed(self, error):

@@ -8,6 +8,7 @@ import argparse
 import math
 from dataclasses import dataclass, fields
 
+from .config_files import ConfigFileError, flags_from_file
 from .device import DEVICE_CHOICES
 from .precision import DTYPE_NAMES
 from .schedule import SCHEDULES
@@ -53,6 +54,8 @@ class TrainConfig:
     progress: str = "auto"          # live: a live line on rank 0; lines: log lines only; auto: live on a terminal
     metrics: str = ""               # write one JSON line per step here (zerompi/metrics.py)
     trace: str = ""                 # write a Chrome trace of every rank's spans here (zerompi/trace.py)
+    check_collectives: bool = False # exchange a header before each collective; stop on a disagreement
+    collective_timeout: float = 600.0   # end the job when a collective waits longer (seconds; 0: never)
 
 
 class ArgumentError(Exception):
@@ -150,23 +153,60 @@ def build_parser(rank=0):
     p.add_argument("--metrics", default=d.metrics, help="write one JSON object per step to this .jsonl file")
     p.add_argument("--trace", default=d.trace, help="write every rank's compute and communication spans to this "
                    "Chrome trace .json file (open it in https://ui.perfetto.dev)")
+    p.add_argument("--check-collectives", action=argparse.BooleanOptionalAction, default=d.check_collectives,
+                   help="before each collective, check that every rank calls the same one (kind, size, "
+                        "dtype, call site); stop naming both sides if not")
+    p.add_argument("--collective-timeout", type=float, default=d.collective_timeout, metavar="SECONDS",
+                   help="end the job when a collective waits longer than this for the other ranks (0: never)")
+    p.add_argument("--config", default="", metavar="FILE",
+                   help="read flags from a TOML file (keys: the long flag names) or, if it ends in .json, "
+                        "a DeepSpeed config; flags on the command line win")
+    p.add_argument("--deepspeed-config", default="", metavar="FILE",
+                   help="read a DeepSpeed JSON config (zero_optimization.stage, batch sizes, fp16/bf16, "
+                        "optimizer, gradient_clipping, scheduler); flags on the command line win")
     return p
 
 
 def device_choice(argv):
-    """--device from a command line, read before MPI starts (zerompi/device.py says why); a
-    missing or bad value reads as the default, and the full parse reports it later."""
+    """--device from the command line, or from the TOML file --config names, read before MPI
+    starts (zerompi/device.py says why); any problem reads as the default, and the full parse
+    reports it later."""
     peek = _Parser(rank=None, add_help=False)
-    peek.add_argument("--device", default=TrainConfig.device)
+    peek.add_argument("--device")
+    peek.add_argument("--config", default="")
     try:
-        return peek.parse_known_args(argv)[0].device
-    except ArgumentError:             # e.g. "--device" without a value
+        args = peek.parse_known_args(argv)[0]
+        if args.device is None and args.config and not args.config.endswith(".json"):
+            known = {f.name.replace("_", "-") for f in fields(TrainConfig)}
+            args = peek.parse_known_args(flags_from_file(args.config, False, known, 1, TrainConfig.lr))[0]
+    except (ArgumentError, ConfigFileError):
         return TrainConfig.device
+    return args.device or TrainConfig.device
 
 
-def parse_args(argv, rank=0):
-    """TrainConfig from a command line; raises ArgumentError with a one-line message."""
-    args = build_parser(rank).parse_args(argv)
+def parse_args(argv, rank=0, num_ranks=1):
+    """TrainConfig from a command line and the config file it names (zerompi/config_files.py);
+    raises ArgumentError with a one-line message."""
+    parser = build_parser(rank)
+    files = _Parser(rank, add_help=False)
+    files.add_argument("--config", default="")
+    files.add_argument("--deepspeed-config", default="")
+    path = files.parse_known_args(argv)[0]
+    if path.config and path.deepspeed_config:
+        raise ArgumentError("--config and --deepspeed-config: choose one")
+    if path.config or path.deepspeed_config:
+        name = path.config or path.deepspeed_config
+        known = {f.name.replace("_", "-") for f in fields(TrainConfig)}
+        try:
+            file_flags = flags_from_file(name, bool(path.deepspeed_config) or name.endswith(".json"), known,
+                                         num_ranks, TrainConfig.lr)
+            from_file = build_parser(rank).parse_args(file_flags)
+        except ConfigFileError as e:
+            raise ArgumentError(str(e)) from None
+        except ArgumentError as e:
+            raise ArgumentError(f"{name}: {e}") from None
+        parser.set_defaults(**{f.name: getattr(from_file, f.name) for f in fields(TrainConfig)})
+    args = parser.parse_args(argv)
     return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
 
 
@@ -225,6 +265,8 @@ def check_config(cfg, num_ranks):
         return f"--min-lr must be in [0, --lr], got {cfg.min_lr}"
     if cfg.clip_norm < 0:
         return f"--clip-norm must be >= 0 (0: off), got {cfg.clip_norm}"
+    if not (math.isfinite(cfg.collective_timeout) and cfg.collective_timeout >= 0):
+        return f"--collective-timeout must be >= 0 seconds (0: off), got {cfg.collective_timeout}"
     if not cfg.loss_scale > 0 or not cfg.min_loss_scale > 0:
         return f"--loss-scale and --min-loss-scale must be positive, got {cfg.loss_scale}, {cfg.min_loss_scale}"
     return None

@@ -13,8 +13,8 @@ environment variables; if that number differs from what MPI reports, stop and sa
     SLURM_STEP_NUM_TASKS   srun (the tasks of this job step), when none of the above is set
 
 BLAS threads per rank: OMP_NUM_THREADS when the user (or a Slurm script, from --cpus-per-task)
-set it, else the CPUs this process may run on (its affinity mask) divided by the ranks on its
-node, at least 1.
+set it (to anything but a positive integer: an error), else the CPUs this process may run on (its
+affinity mask) divided by the ranks on its node, at least 1.
 """
 
 # The innermost launcher first: `mpirun` inside a Slurm allocation starts its proxies with srun, so
@@ -54,9 +54,19 @@ def first_number(environ, names):
     return 0
 
 
+def threads_variable_error(environ):
+    """One-line error if OMP_NUM_THREADS is set but is not a positive integer (OpenMP also allows
+    a comma-separated list, one count per nesting level: its first entry counts), else None."""
+    value = environ.get("OMP_NUM_THREADS")
+    first = (value or "").split(",")[0].strip()
+    if value is None or (first.isdigit() and int(first) > 0):
+        return None
+    return f"OMP_NUM_THREADS={value!r} is not a positive integer: set it to the BLAS threads per rank, or unset it"
+
+
 def blas_threads(ranks_on_node, environ, cores):
     """BLAS threads for one rank."""
-    explicit = environ.get("OMP_NUM_THREADS", "")
+    explicit = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if explicit.isdigit() and int(explicit) > 0:
         return int(explicit)
     return max(1, cores // ranks_on_node)

@@ -18,8 +18,11 @@ so the run computes what one process would compute on the whole batch, for every
 Exit status: 0 done; 2 bad input (one line on stderr); 3 training diverged (a non-finite loss or
 gradient in float32/float64/bf16, or the fp16 loss scale collapsed): the last good weights are
 saved where --save-weights is set; 4 preempted (SIGTERM/SIGUSR1): a checkpoint was written to
---save-dir, continue with --resume; 1 an unexpected failure (traceback, MPI_Abort).
+--save-dir, continue with --resume; 5 the ranks disagreed on a collective (--check-collectives);
+6 a collective waited past --collective-timeout (zerompi/watchdog.py); 1 an unexpected failure
+(traceback, one line naming the rank, MPI_Abort).
 """
+import math
 import os
 import sys
 import time
@@ -35,7 +38,7 @@ from .config import ArgumentError, check_config, device_choice, parse_args
 from .data import BatchSchedule, DataError, load_digits, load_npz, make_synthetic
 from .device import check_device, select_device
 from .engine import build_engine
-from .launch import blas_threads, launch_mismatch, launcher_rank
+from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler
 from .metrics import MetricsLog
 from .precision import precision_for
@@ -46,6 +49,7 @@ from .trace import Tracer, write_trace
 from .train_step import count_correct, train_step
 from .checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_training_checkpoint,
                                   start_from)
+from .watchdog import report_then_abort, stagger
 from .weights import check_writable, save_weights
 
 DIVERGED = 3                          # exit status when training stops on a non-finite loss
@@ -176,8 +180,7 @@ def run(cfg, comm, out, preemption):
         if event:
             comm.print0(f"step {step + 1}: {event}", file=out)
         if not result.applied and not scaler.enabled:
-            stop(engine, cfg, f"step {step + 1}: the loss ({result.loss:g}) or the gradient norm "
-                              f"({result.grad_norm:g}) is not finite; lower --lr or try --clip-norm")
+            stop(engine, cfg, not_finite_message(step + 1, result, comm))
         if scaler.collapsed:
             stop(engine, cfg, f"step {step + 1}: the fp16 loss scale fell to {scaler.scale:g}, below "
                               f"--min-loss-scale {cfg.min_loss_scale:g}: gradients keep overflowing")
@@ -219,6 +222,22 @@ def run(cfg, comm, out, preemption):
         print(format_json(report), flush=True)
 
 
+def not_finite_message(step, result, comm):
+    """Collective: what was not finite at this step, where first: the layer (the first one whose
+    gradient is not finite, the same verdict on every rank) and the lowest rank whose own part of
+    the loss is not finite."""
+    if result.bad_layer >= 0:
+        grad = f"the gradient is not finite, first in layer {result.bad_layer} (layers.{result.bad_layer}.*)"
+    elif not math.isfinite(result.grad_norm):
+        grad = f"the gradient norm overflows ({result.grad_norm:g})"
+    else:
+        grad = f"the gradient is finite (norm {result.grad_norm:.3g})"
+    rank = comm.first_failing_rank(None if result.local_loss_finite else "loss")
+    loss = (f"the loss is {result.loss:g}" if rank is None else
+            f"the loss is not finite ({result.loss:g}), first on rank {rank}")
+    return f"step {step}: {grad}; {loss}: lower --lr or try --clip-norm"
+
+
 def stop(engine, cfg, message):
     """Collective, every rank with the same message: save the last good weights (the failed step
     changed nothing) where a save path is set, print the error once, exit with DIVERGED."""
@@ -254,7 +273,7 @@ def main(argv=None):
                 print(f"zerompi: error: {mismatch}", file=sys.stderr, flush=True)
             raise SystemExit(2)
         try:
-            cfg, error = parse_args(argv, comm.rank), None
+            cfg, error = parse_args(argv, comm.rank, comm.size), None
         except ArgumentError as e:
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
@@ -262,6 +281,8 @@ def main(argv=None):
         comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm))
         if cfg.comm == "nccl":
             comm = NcclCommunicator(comm.mpi, device)      # the same ranks, training traffic on NCCL
+        comm.check_all(threads_variable_error(os.environ))
+        comm.guard(cfg.check_collectives, cfg.collective_timeout)
         # from here a SIGTERM/SIGUSR1 only sets a flag; the loop checkpoints at the next step's end
         preemption = Preemption(enabled=bool(cfg.save_dir))
         # progress goes to stderr when stdout must hold nothing but the JSON report
@@ -271,10 +292,10 @@ def main(argv=None):
             run(cfg, comm, out, preemption)
     except SystemExit:
         raise
-    except BaseException:                      # a bug or an MPI failure: never leave ranks hanging
+    except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
+        time.sleep(stagger(comm.rank))         # several ranks failing at once: the lowest one reports
         traceback.print_exc()
-        sys.stderr.flush()
-        comm.mpi.Abort(1)
+        report_then_abort(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", comm.mpi.Abort, 1)
     return 0
 
 

@@ -5,9 +5,10 @@
         loss, d_logits = softmax cross-entropy (divided by the GLOBAL batch, times the loss scale)
         for unit in reversed(units):  zero.before_backward -> backward -> zero.after_backward
     zero.reduce_grads()                                   stages 0-1 (2-3 reduced during backward)
-    one all-reduce of (sum of squares of the owned gradients, loss, correct):
-        grad_norm = sqrt(sum over ranks) / loss scale     every element counted once, on its owner
-    if grad_norm or loss is not finite: skip the step     every rank sees the same sums: all agree
+    one all-reduce of (each unit's sum of squares of its owned gradient, loss, correct):
+        grad_norm = sqrt(sum over units and ranks) / loss scale   every element counted once, on its owner
+    if grad_norm or loss is not finite: skip the step     every rank sees the same sums: all agree,
+        and the first unit whose sum is not finite names the layer (StepResult.bad_layer)
     clip = min(1, max_norm / grad_norm)
     zero.update(lr, clip / loss_scale); zero.gather_params()
 
@@ -31,6 +32,8 @@ class StepResult:
     correct: int         # correct predictions over the global batch
     grad_norm: float     # global L2 norm of the unscaled gradient, before clipping
     applied: bool        # False: the gradient or the loss was not finite, nothing was updated
+    bad_layer: int = -1  # not applied: the first layer whose gradient is not finite (-1: none is)
+    local_loss_finite: bool = True   # this rank's part of the loss (for naming the rank, train.py)
 
 
 def forward(zero, mlp, x):
@@ -77,15 +80,21 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
             loss_part = loss_part + micro_loss
             correct = correct + micro_correct
         zero.reduce_grads()
-        sums = zero.step_sums                            # (3,) float64, preallocated
-        sums[0] = sum_of_squares(zero.grad_partition(), mlp.grad_work)
-        sums[1] = loss_part
-        sums[2] = correct
+        # (units + 2,): each unit's owned sum of squares, then this rank's loss and correct count
+        sums = zero.step_sums                            # preallocated, float64, where the arrays live
+        for u, grad in enumerate(zero.grad_partition()):
+            sums[u] = sum_of_squares(grad, mlp.grad_work)
+        sums[-2] = loss_part
+        sums[-1] = correct
     zero.comm.allreduce_sum(sums, "metrics")
-    sum_squares, loss, correct = to_numpy(sums)          # the step's one read from a GPU
-    grad_norm = math.sqrt(sum_squares) / loss_scale
-    result = StepResult(float(loss), int(correct), grad_norm, applied=False)
+    host_sums = to_numpy(sums)                           # the step's one read from a GPU
+    unit_squares = host_sums[:-2]
+    grad_norm = math.sqrt(unit_squares.sum()) / loss_scale
+    result = StepResult(float(host_sums[-2]), int(host_sums[-1]), grad_norm, applied=False)
     if not (math.isfinite(grad_norm) and math.isfinite(result.loss)):
+        bad = np.flatnonzero(~np.isfinite(unit_squares))
+        result.bad_layer = int(bad[0]) if bad.size else -1
+        result.local_loss_finite = math.isfinite(loss_part)
         return result                              # skipped on every rank alike
     clip = min(1.0, max_grad_norm / (grad_norm + 1e-6)) if max_grad_norm > 0 else 1.0
     zero.update(lr, grad_multiplier=clip / loss_scale)
@@ -94,17 +103,14 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
     return result
 
 
-def sum_of_squares(arrays, scratch):
-    """sum of x^2 over the arrays, added up in float64 (a scalar where the arrays live); 16-bit
-    arrays are widened into scratch (float32) first."""
-    total = 0.0
-    for a in arrays:
-        if is_16bit(a):
-            widened = scratch[:a.size]
-            widened[...] = a
-            a = widened
-        total = total + array_module(a).dot(a, a).astype(np.float64)
-    return total
+def sum_of_squares(a, scratch):
+    """sum of x^2 over the 1-D array a, in float64, as a scalar where a lives; a 16-bit a is
+    widened into scratch (float32) first."""
+    if is_16bit(a):
+        widened = scratch[:a.size]
+        widened[...] = a
+        a = widened
+    return array_module(a).dot(a, a).astype(np.float64)
 
 
 def count_correct(zero, mlp, x, labels, batch_rows, num_chunks):

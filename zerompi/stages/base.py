@@ -42,8 +42,8 @@ class ZeroStage:
         # reduce-scatter into the gradient shard (stages 2-3); otherwise it reduces in place
         if precision.mixed or (micro_batches > 1 and self.stage >= 2):
             comm.reserve_staging(memory, layout.max_unit_padded, precision.compute)
-        # the step's (gradient sum of squares, loss, correct), all-reduced together (train_step.py)
-        self.step_sums = memory.alloc("work", "step_sums", (3,), np.float64)
+        # the step's (each unit's gradient sum of squares, loss, correct), all-reduced together (train_step.py)
+        self.step_sums = memory.alloc("work", "step_sums", (len(layout.units) + 2,), np.float64)
         # every collective on training buffers moves at most one unit, reductions in the compute dtype
         comm.reserve_host_staging(memory, layout.max_unit_padded * precision.compute.itemsize)
 

@@ -1,0 +1,63 @@
+"""Run zerompi.train with one real fault on chosen ranks at a chosen step (tests/test_faults.py).
+
+    mpirun -n N python tests/fault_driver.py FAULT RANKS STEP [zerompi.train flags]
+
+RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on those ranks only:
+
+    raise       train_step raises RuntimeError                     (an exception on some ranks)
+    kill        the process sends itself SIGKILL, mid-step          (a rank that dies)
+    stop        the process sends itself SIGSTOP, mid-step          (a rank that hangs)
+    inf-input   the first input value of this rank's rows is +inf   (bad data on one rank)
+    nan-grad:L  layer L's weight gradient gets a NaN right after its backward, before any
+                reduction                                           (a bad kernel on one rank)
+
+The training itself is the real one (zerompi.train.main, real MPI); the driver only wraps the
+step function, so every detection and report under test is zerompi's own.
+"""
+import os
+import signal
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import zerompi.train
+
+fault, ranks, fault_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rank = MPI.COMM_WORLD.Get_rank()
+faulty = ranks == "all" or str(rank) in ranks.split(",")
+real_train_step = zerompi.train.train_step
+steps_done = 0
+
+
+def faulty_train_step(zero, mlp, micro_batches, *args):
+    global steps_done
+    step, steps_done = steps_done, steps_done + 1
+    if not faulty or step != fault_step:
+        return real_train_step(zero, mlp, micro_batches, *args)
+    if fault == "raise":
+        raise RuntimeError(f"injected fault at step {step}")
+    if fault in ("kill", "stop"):
+        os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    micro_batches = list(micro_batches)
+    if fault == "inf-input":
+        micro_batches[0][0][0, 0] = np.inf
+    if fault.startswith("nan-grad:"):
+        layer = int(fault.split(":")[1])
+        real_backward = mlp.backward_unit
+
+        def backward_unit(unit, d_h, weight, bias, dweight, dbias, accumulate):
+            d_in = real_backward(unit, d_h, weight, bias, dweight, dbias, accumulate)
+            if unit.index == layer:
+                dweight[0, 0] = np.nan
+            return d_in
+        mlp.backward_unit = backward_unit
+        try:
+            return real_train_step(zero, mlp, micro_batches, *args)
+        finally:
+            del mlp.backward_unit                # back to the class's method
+    return real_train_step(zero, mlp, micro_batches, *args)
+
+
+zerompi.train.train_step = faulty_train_step
+sys.exit(zerompi.train.main(sys.argv[4:]))

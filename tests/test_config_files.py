@@ -1,0 +1,105 @@
+"""--config FILE.toml and DeepSpeed JSON configs (zerompi/config_files.py), parsed as on N ranks.
+
+The end-to-end runs (one clear line, exit 2, nothing written) are in tests/test_cli.py's
+bad-input table; here: what each file maps to, that the command line wins, and that every
+unsupported key is named.
+"""
+import json
+import os
+
+import pytest
+
+from test_cli import train_ok, load_weights
+from zerompi.config import ArgumentError, TrainConfig, parse_args
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def write(folder, name, text):
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(text if isinstance(text, str) else json.dumps(text))
+    return path
+
+
+def error_of(argv, num_ranks=1):
+    with pytest.raises(ArgumentError) as e:
+        parse_args(argv, num_ranks=num_ranks)
+    return str(e.value)
+
+
+def test_example_toml_maps_every_key_and_the_command_line_wins():
+    cfg = parse_args(["--config", os.path.join(EXAMPLES, "train.toml")])
+    assert (cfg.stage, cfg.hidden, cfg.batch_size, cfg.grad_accum, cfg.steps) == (2, (128, 128), 128, 2, 200)
+    assert (cfg.lr, cfg.clip_norm, cfg.dtype, cfg.seed, cfg.log_every) == (3e-3, 1.0, "bf16", 1, 50)
+    assert (cfg.check_collectives, cfg.collective_timeout) == (False, 300.0)
+    cfg = parse_args(["--stage", "1", "--config", os.path.join(EXAMPLES, "train.toml"), "--check-collectives"])
+    assert cfg.stage == 1 and cfg.check_collectives and cfg.grad_accum == 2
+
+
+def test_example_deepspeed_config_maps_every_key():
+    cfg = parse_args(["--config", os.path.join(EXAMPLES, "ds_config.json")], num_ranks=4)
+    assert cfg.stage == 3 and cfg.dtype == "bf16"
+    assert (cfg.batch_size, cfg.grad_accum) == (16 * 2 * 4, 2)          # micro x accumulation x N
+    assert (cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay) == (0.003, 0.9, 0.999, 1e-8, 0.01)
+    assert (cfg.clip_norm, cfg.lr_schedule, cfg.warmup_steps, cfg.steps) == (1.0, "cosine", 20, 200)
+    assert cfg.min_lr == pytest.approx(0.1 * 0.003) and cfg.log_every == 50
+    assert parse_args(["--deepspeed-config", os.path.join(EXAMPLES, "ds_config.json"), "--grad-accum", "1"],
+                      num_ranks=2).batch_size == 64                   # N = 2; the flag wins
+
+
+def test_deepspeed_batch_sizes_are_derived_like_deepspeed_and_checked(tmp_path):
+    ds = write(tmp_path, "a.json", {"train_batch_size": 96, "train_micro_batch_size_per_gpu": 8})
+    cfg = parse_args(["--config", ds], num_ranks=3)
+    assert (cfg.batch_size, cfg.grad_accum) == (96, 4)
+    ds = write(tmp_path, "b.json", {"train_batch_size": 100, "train_micro_batch_size_per_gpu": 8,
+                                    "gradient_accumulation_steps": 4})
+    message = error_of(["--config", ds], num_ranks=3)
+    assert "inconsistent batch sizes: train_batch_size 100 != train_micro_batch_size_per_gpu 8 x " \
+           "gradient_accumulation_steps 4 x 3 ranks = 96" in message
+
+
+def test_deepspeed_fp16_and_warmup_lr(tmp_path):
+    ds = write(tmp_path, "fp16.json", {
+        "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
+                 "min_loss_scale": 2, "hysteresis": 1},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01,
+                                                     "warmup_num_steps": 7, "warmup_type": "linear"}}})
+    cfg = parse_args(["--config", ds])
+    assert (cfg.dtype, cfg.loss_scale, cfg.loss_scale_window, cfg.min_loss_scale) == ("fp16", 4096.0, 500, 2.0)
+    assert (cfg.lr_schedule, cfg.lr, cfg.warmup_steps) == ("constant", 0.01, 7)
+
+
+def test_every_unsupported_deepspeed_setting_is_named_in_one_message(tmp_path):
+    ds = write(tmp_path, "ds.json", {
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True},
+        "fp16": {"enabled": True, "hysteresis": 2},
+        "optimizer": {"type": "Lamb", "params": {"lr": 1e-3}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-3}},
+        "wall_clock_breakdown": False})
+    message = error_of(["--deepspeed-config", ds])
+    assert message.startswith(f"{ds}: unsupported DeepSpeed settings: ")
+    for name in ("wall_clock_breakdown", "zero_optimization.offload_optimizer", "zero_optimization.overlap_comm",
+                 "fp16.hysteresis=2", "optimizer.type='Lamb'", "scheduler.params.warmup_type='log'"):
+        assert name in message, (name, message)
+
+
+def test_toml_unknown_keys_and_bad_values_name_the_file(tmp_path):
+    toml = write(tmp_path, "a.toml", 'stage = 1\nbatchsize = 4\nlearning_rate = 0.1\n')
+    assert error_of(["--config", toml]) == (f"{toml}: unknown keys: batchsize, learning_rate (the keys are "
+                                             f"the long flag names without the dashes, see --help)")
+    toml = write(tmp_path, "b.toml", 'lr = "fast"\n')
+    assert error_of(["--config", toml]) == f"{toml}: argument --lr: invalid float value: 'fast'"
+    toml = write(tmp_path, "c.toml", 'stage = \n')
+    assert error_of(["--config", toml]).startswith(f"{toml} is not valid TOML: ")
+
+
+def test_a_toml_run_trains_exactly_what_the_same_flags_train(tmp_path):
+    flags = ["--stage", "1", "--hidden", "7,5", "--batch-size", "12", "--steps", "3", "--data", "synthetic"]
+    write(tmp_path, "run.toml", 'stage = 1\nhidden = [7, 5]\nbatch-size = 12\nsteps = 3\ndata = "synthetic"\n')
+    common = ["--log-every", 0, "--report", "none"]
+    train_ok(2, *flags, *common, "--save-weights", "flags.npz", cwd=tmp_path)
+    train_ok(2, "--config", "run.toml", *common, "--save-weights", "file.npz", cwd=tmp_path)
+    by_flags, by_file = load_weights(tmp_path / "flags.npz"), load_weights(tmp_path / "file.npz")
+    assert all((by_flags[name] == by_file[name]).all() for name in by_flags)
+    assert TrainConfig().stage != 1                 # the file really changed something

@@ -1,0 +1,78 @@
+"""--collective-timeout: end the job when a collective has waited too long for the other ranks.
+
+A rank that stops (SIGSTOP, a debugger, a stuck file system) or dies under a launcher that does not
+clean up (srun without --kill-on-bad-exit) leaves every other rank waiting in its next collective,
+forever: MPI collectives have no timeout. The watchdog gives them one.
+
+    the main thread, around each collective (zerompi/comm.py):
+        watchdog.enter(kind, purpose, buffer)     one attribute write and a time stamp
+        ...MPI call...
+        watchdog.leave()
+    one daemon thread per process, started once:
+        every `poll` seconds: if a collective entered more than `limit` seconds ago has not left,
+        print which one and which rank waited, and MPI_Abort the job (exit status TIMED_OUT)
+
+mpi4py releases the GIL inside MPI calls, so the thread runs while the main thread waits; mpi4py
+initializes MPI with MPI_THREAD_MULTIPLE, so the thread may call MPI_Abort.
+
+Printed once: every waiting rank's watchdog would fire at about the same moment, so rank r fires
+`stagger(r)` seconds late: the lowest waiting rank prints, pauses REPORT_PAUSE_SECONDS (mpirun
+forwards output asynchronously, and an abort right after a print lost the line on a loaded
+machine) and aborts, and the abort ends the others before their turn (measured with mpirun: well
+under 0.5 s). The same stagger keeps a failure that hits every rank at once (zerompi/train.py
+main) to one report.
+"""
+import sys
+import threading
+import time
+
+TIMED_OUT = 6                    # exit status of a job the watchdog ended
+STAGGER_SECONDS = 1.0            # per rank; see the docstring
+REPORT_PAUSE_SECONDS = 0.5
+MAX_STAGGER_SECONDS = 10.0
+
+
+def stagger(rank):
+    """Seconds rank waits before reporting a failure others may report too (lowest rank first)."""
+    return min(STAGGER_SECONDS * rank, MAX_STAGGER_SECONDS)
+
+
+def report_then_abort(message, abort, exit_code):
+    """Print the one error line, give the launcher time to forward it, and end every rank."""
+    print(message, file=sys.stderr, flush=True)
+    time.sleep(REPORT_PAUSE_SECONDS)
+    abort(exit_code)
+
+
+class CollectiveWatchdog:
+    def __init__(self, limit, rank, abort):
+        self.limit = limit               # seconds a collective may wait
+        self.rank = rank
+        self.abort = abort               # abort(exit_code): ends every rank of the job
+        self.kind = self.purpose = self.buffer = None   # the collective in progress (for the message)
+        self.since = None                # time.monotonic() when it was entered; None: not in one
+        self.poll = min(1.0, limit / 4)
+        threading.Thread(target=self._watch, name="zerompi-watchdog", daemon=True).start()
+
+    def enter(self, kind, purpose, buffer):
+        self.kind, self.purpose, self.buffer = kind, purpose, buffer
+        self.since = time.monotonic()    # written last: the thread reads it first
+
+    def leave(self):
+        self.since = None
+
+    def _watch(self):
+        patience = self.limit + stagger(self.rank)
+        while True:
+            since = self.since
+            waited = 0.0 if since is None else time.monotonic() - since
+            if waited < patience:
+                time.sleep(min(self.poll, patience - waited))
+                continue
+            buffer = self.buffer
+            size = "" if buffer is None else f", {buffer.size:,} {buffer.dtype} elements"
+            report_then_abort(f"zerompi: error: rank {self.rank} waited {waited:.1f} s in {self.kind} "
+                              f"({self.purpose}{size}) for ranks that never joined it (limit: --collective-timeout "
+                              f"{self.limit:g}): a rank is stopped, dead, or in another collective "
+                              f"(--check-collectives finds that); ending the job", self.abort, TIMED_OUT)
+            return
