@@ -160,3 +160,15 @@ def test_this_machines_mpi_is_not_cuda_aware_by_every_question():
     assert "libmpi" in path
     assert mpix == "False"
     assert verdict == "(False, 'MPIX_Query_cuda_support()=0')"
+
+
+def test_device_choice_reads_the_command_line_then_the_toml_config(tmp_path):
+    from zerompi.config import device_choice
+    toml = tmp_path / "run.toml"
+    toml.write_text('device = "cpu"\nstage = 2\n')
+    assert device_choice([]) == "auto"
+    assert device_choice(["--device", "gpu"]) == "gpu"
+    assert device_choice(["--config", str(toml)]) == "cpu"
+    assert device_choice(["--config", str(toml), "--device", "gpu"]) == "gpu"      # the command line wins
+    assert device_choice(["--device"]) == "auto"                                    # reported later
+    assert device_choice(["--config", str(tmp_path / "missing.toml")]) == "auto"    # reported later
