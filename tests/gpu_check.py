@@ -6,7 +6,8 @@ about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying w
        zerompi.train --device gpu` in float64 must end with the weights of the same run with
        --device cpu (to 1e-10 relative), through the pinned-host staging path
        (ZEROMPI_CUDA_AWARE=0) and, where the MPI is CUDA-aware, through the direct path too;
-       fp16 and float32 runs must track the CPU's loss
+       float32 (with gradient accumulation too), fp16 and bf16 runs must track the CPU's
+       weights; --comm nccl on one rank (NCCL wants a GPU per rank) must match in float64
     3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32 and fp16: the
        step's TFLOP/s (6 flops per weight per row: forward 2, backward 4) beside the GPU's GEMM
        rate at the step's largest GEMM shape and at 8192^3, measured in the same run
@@ -64,15 +65,46 @@ def correctness(cuda_aware, folder, report):
                 ok &= passed
                 report(f"  stage {stage}  N={n}  {name:>6}  float64  max rel diff {diff:.1e}  "
                        f"{'ok' if passed else 'FAILED (limit 1e-10)'}")
-    for dtype, limit in (("float32", 1e-3), ("fp16", 5e-2)):
-        cpu, _ = train(2, "cpu", dtype, 3, folder)
-        gpu, _ = train(2, "gpu", dtype, 3, folder, {"ZEROMPI_CUDA_AWARE": "0"})
+    tracked = [("float32", 3, (), 1e-3), ("float32", 2, ("--grad-accum", "2"), 1e-3),
+               ("fp16", 3, (), 5e-2), ("bf16", 1, (), 5e-2)]
+    for dtype, stage, extra, limit in tracked:
+        cpu, _ = train(2, "cpu", dtype, stage, folder, extra=extra)
+        try:
+            gpu, _ = train(2, "gpu", dtype, stage, folder, {"ZEROMPI_CUDA_AWARE": "0"}, extra)
+        except RuntimeError as e:
+            if "no bfloat16 arrays" not in str(e):
+                raise
+            report(f"  {dtype}: skipped, this CuPy has no bfloat16 arrays (zerompi says so and exits 2)")
+            continue
         diff = max(float(np.max(np.abs(gpu[k] - cpu[k]))) for k in cpu)   # absolute: weights are O(0.1)
         passed = diff <= limit
         ok &= passed
-        report(f"  stage 3  N=2  staged  {dtype:>7}  max abs diff {diff:.1e}  "
+        report(f"  stage {stage}  N=2  staged  {dtype:>7} {' '.join(extra)}  max abs diff {diff:.1e}  "
                f"{'ok' if passed else f'FAILED (limit {limit:g})'}")
+    if nccl_available():
+        cpu, _ = train(1, "cpu", "float64", 3, folder)
+        gpu, _ = train(1, "gpu", "float64", 3, folder, extra=("--comm", "nccl"))
+        diff = relative_difference(gpu, cpu)
+        ok &= diff <= 1e-10
+        report(f"  stage 3  N=1  nccl    float64  max rel diff {diff:.1e}  {'ok' if diff <= 1e-10 else 'FAILED'}")
+    else:
+        report("  --comm nccl: skipped, CuPy finds no NCCL")
     return ok
+
+
+def nccl_available():
+    from zerompi.device import _nccl_available
+    return _nccl_available()
+
+
+def transport():
+    """The CUDA-awareness verdict as a run under mpirun sees it (not this process: it starts no
+    MPI before the runs above, which mpirun launches)."""
+    code = ("import os; from zerompi.device import select_device; from zerompi.comm import Communicator; "
+            "print(Communicator(device=select_device('gpu', os.environ)[0]).describe_transport())")
+    result = subprocess.run([mpirun(), "-n", "1", sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=TIMEOUT)
+    return result.stdout.strip() or f"unknown ({result.stderr.strip()[-300:]})"
 
 
 def gemm_tflops(cupy, m, k, n, dtype, repeats=10):
@@ -133,15 +165,15 @@ def main():
     if error:
         report(f"SKIPPED: {error}")
         return 0
-    from zerompi.comm import MPI, Communicator
-    comm = Communicator(device=device)
+    from zerompi.comm import MPI                      # imported without starting MPI
     cupy = device.xp
     report(f"GPU check, {time.strftime('%Y-%m-%d')}: {device.name}, CuPy {cupy.__version__}, "
            f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
-    report(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()} | {comm.describe_transport()}")
+    line = transport()
+    report(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()} | {line}")
     report("correctness, GPU against CPU (python -m zerompi.train, 5 steps, MLP 32-96-64-10):")
     with tempfile.TemporaryDirectory() as folder:
-        ok = correctness(comm.cuda_aware, folder, report)
+        ok = correctness("CUDA-aware: yes" in line, folder, report)
     report("speed, MLP 1024-4x2048-10, one rank, stage 1:")
     rows = 4096
     for dtype_name, gemm_dtype in (("float32", np.float32), ("fp16", np.float16)):

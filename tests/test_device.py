@@ -87,9 +87,13 @@ def test_the_gpu_is_chosen_before_mpi_starts():
     assert result.stdout.strip() == "ok", result.stderr
 
 
-def test_device_checks():
-    assert check_device(CPU(), "float32", "mpi") is None
-    assert "needs a GPU" in check_device(CPU(), "float32", "nccl")
+def test_device_checks(monkeypatch):
+    assert check_device(CPU(), "float32", "mpi", 1) is None
+    assert "needs a GPU" in check_device(CPU(), "float32", "nccl", 1)
+    gpu = types.SimpleNamespace(is_gpu=True, count=1)
+    monkeypatch.setattr("zerompi.device._nccl_available", lambda: True)
+    assert check_device(gpu, "float32", "nccl", 1) is None
+    assert "NCCL needs a GPU per rank" in check_device(gpu, "float32", "nccl", 2)
 
 
 def test_array_module_and_to_numpy_on_the_cpu():
@@ -124,6 +128,13 @@ def test_the_override_decides(monkeypatch):
 def test_a_cuda_memory_kind_means_cuda_aware():
     aware, how = mpi_cuda.cuda_aware(fake_mpi("mpi,system,cuda:device,cuda:host"), {})
     assert aware and "cuda:device" in how
+    assert mpi_cuda.cuda_aware(fake_mpi("mpi,system,cuda"), {})[0]
+
+
+def test_host_or_managed_cuda_memory_alone_is_not_device_memory(monkeypatch):
+    monkeypatch.setattr(mpi_cuda, "query_mpix", lambda path: None)
+    monkeypatch.setattr(mpi_cuda, "open_mpi_built_with_cuda", lambda: None)
+    assert mpi_cuda.cuda_aware(fake_mpi("mpi,system,cuda:host,cuda:managed"), {})[0] is False
 
 
 def test_without_a_cuda_kind_the_library_is_asked(monkeypatch):
@@ -142,6 +153,8 @@ def test_library_path_from_the_memory_map(tmp_path):
                     "7f02-7f03 r-xp 0 08:01 2 /opt/mpich/lib/libmpi.so.12.4\n"
                     "7f04-7f05 r-xp 0 08:01 3 /usr/lib/libc.so.6\n")
     assert mpi_cuda.mpi_library_path(str(maps)) == "/opt/mpich/lib/libmpi.so.12.4"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libmpich.so.12.1\n")   # Debian's MPICH
+    assert mpi_cuda.mpi_library_path(str(maps)) == "/usr/lib/x86_64-linux-gnu/libmpich.so.12.1"
     maps.write_text("7f04-7f05 r-xp 0 08:01 3 /usr/lib/libc.so.6\n")
     assert mpi_cuda.mpi_library_path(str(maps)) is None
     assert mpi_cuda.query_mpix(None) is None

@@ -225,6 +225,13 @@ class Communicator:
             self.mpi.Reduce_scatter_block(MPI.IN_PLACE, host, op=MPI.SUM)
             result = host[:send.size // self.size]
             self.device.copy_from_host(result, recv if recv is not None else send[:result.size])
+        elif recv is None and self.device.holds(send):
+            # CUDA-aware Open MPI's in-place reduce-scatter on device memory copies only n/N
+            # elements of the buffer to the host and then reads n: reduce out of place instead
+            shard = self.staging_shard[:send.size // self.size]
+            self._wait_for(send)
+            self.mpi.Reduce_scatter_block(send, shard, op=MPI.SUM)
+            send[:shard.size] = shard
         else:
             self._wait_for(send)
             self.mpi.Reduce_scatter_block(MPI.IN_PLACE if recv is None else send,

@@ -124,12 +124,15 @@ class GPU(CPU):
         device_array.set(host_array)
 
 
-def check_device(device, dtype_name, comm_backend):
+def check_device(device, dtype_name, comm_backend, ranks_on_node):
     """What the chosen device cannot do for this run, as a one-line message, or None."""
     if comm_backend == "nccl" and not device.is_gpu:
         return "--comm nccl needs a GPU, and this run has none (see --device)"
     if comm_backend == "nccl" and not _nccl_available():
         return "--comm nccl: CuPy finds no NCCL library (pip install nvidia-nccl-cu12, or use --comm mpi)"
+    if comm_backend == "nccl" and ranks_on_node > device.count:
+        return (f"--comm nccl: {ranks_on_node} ranks on this node but {device.count} GPU(s): NCCL needs a "
+                f"GPU per rank (use --comm mpi to share GPUs)")
     if device.is_gpu and dtype_name == "bf16":
         from .precision import BF16
         try:

@@ -10,8 +10,9 @@ Handing device memory to an MPI that is not CUDA-aware crashes (or silently read
 the answer must be right. Asked in this order; the first that answers decides:
 
     1. ZEROMPI_CUDA_AWARE=1 or 0   the user's override (a site that knows better)
-    2. the MPI-4.1 info key `mpi_memory_alloc_kinds` of MPI_COMM_WORLD: a "cuda" kind listed
-       (MPICH >= 4.2 and Open MPI >= 6 report it; "mpi,system" alone means host memory only)
+    2. the MPI-4.1 info key `mpi_memory_alloc_kinds` of MPI_COMM_WORLD: "cuda" or "cuda:device"
+       listed (MPICH >= 4.2 and Open MPI >= 6 report it; "cuda:host" or "cuda:managed" alone do
+       not cover device memory)
        - absent, or present without "cuda": ask the next
     3. MPIX_Query_cuda_support() from the loaded MPI library (Open MPI and MPICH export it):
        1 or 0. mpi4py does not wrap it and loads libmpi privately (RTLD_LOCAL), so the library is
@@ -36,7 +37,7 @@ def cuda_aware(MPI, environ):
     if override in ("0", "1"):
         return override == "1", f"{OVERRIDE}={override}"
     kinds = alloc_kinds(MPI)
-    if kinds is not None and any(kind.split(":")[0] == "cuda" for kind in kinds.split(",")):
+    if kinds is not None and any(kind in ("cuda", "cuda:device") for kind in kinds.split(",")):
         return True, f"mpi_memory_alloc_kinds={kinds}"
     answer = query_mpix(mpi_library_path())
     if answer is not None:
@@ -62,11 +63,13 @@ def mpi_library_path(maps="/proc/self/maps"):
     """The path of the libmpi this process loaded (Linux), or None."""
     try:
         with open(maps) as f:
-            paths = {line.split()[-1] for line in f if "/libmpi" in line}
+            paths = {line.split()[-1] for line in f if "/libmpi" in line}    # libmpi*, libmpich*
     except OSError:
         return None
-    # libmpi.so.12 (MPICH), libmpi.so.40 (Open MPI), libmpi_cray.so, libmpi.so (Intel): not libmpifort etc.
-    candidates = sorted(p for p in paths if p.rsplit("/", 1)[-1].startswith(("libmpi.so", "libmpi_cray.so")))
+    # libmpi.so.12 (MPICH), libmpi.so.40 (Open MPI), libmpi_cray.so, libmpi.so (Intel), and
+    # Debian's MPICH libmpich.so.12: not libmpifort, libmpicxx etc.
+    candidates = sorted(p for p in paths if p.rsplit("/", 1)[-1].startswith(("libmpi.so", "libmpi_cray.so",
+                                                                             "libmpich.so")))
     return candidates[0] if candidates else None
 
 

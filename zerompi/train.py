@@ -278,7 +278,8 @@ def main(argv=None):
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
         comm.check_all(check_config(cfg, comm.size))
-        comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm))
+        ranks_on_node = comm.ranks_on_this_node()            # collective: every rank, before any verdict
+        comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm, ranks_on_node))
         if cfg.comm == "nccl":
             comm = NcclCommunicator(comm.mpi, device)      # the same ranks, training traffic on NCCL
         comm.check_all(threads_variable_error(os.environ))
@@ -287,7 +288,7 @@ def main(argv=None):
         preemption = Preemption(enabled=bool(cfg.save_dir))
         # progress goes to stderr when stdout must hold nothing but the JSON report
         out = sys.stderr if cfg.report == "json" else sys.stdout
-        threads = blas_threads(comm.ranks_on_this_node(), os.environ, len(os.sched_getaffinity(0)))
+        threads = blas_threads(ranks_on_node, os.environ, len(os.sched_getaffinity(0)))
         with threadpool_limits(limits=threads):
             run(cfg, comm, out, preemption)
     except SystemExit:

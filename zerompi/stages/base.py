@@ -38,14 +38,17 @@ class ZeroStage:
         self.memory = memory          # the memory ledger every buffer is allocated from
         self.precision = precision    # storage dtype of params and grads, compute dtype
         self.first_micro_batch = True
-        # the communicator needs staging to reduce 16-bit buffers, and to add each micro-batch's
-        # reduce-scatter into the gradient shard (stages 2-3); otherwise it reduces in place
-        if precision.mixed or (micro_batches > 1 and self.stage >= 2):
+        # the communicator needs staging to reduce 16-bit buffers, to add each micro-batch's
+        # reduce-scatter into the gradient shard (stages 2-3), and on a GPU (no in-place
+        # reduce-scatter on device memory, see comm.py); otherwise it reduces in place
+        if precision.mixed or (micro_batches > 1 and self.stage >= 2) or comm.device.is_gpu:
             comm.reserve_staging(memory, layout.max_unit_padded, precision.compute)
         # the step's (each unit's gradient sum of squares, loss, correct), all-reduced together (train_step.py)
         self.step_sums = memory.alloc("work", "step_sums", (len(layout.units) + 2,), np.float64)
-        # every collective on training buffers moves at most one unit, reductions in the compute dtype
-        comm.reserve_host_staging(memory, layout.max_unit_padded * precision.compute.itemsize)
+        # every collective on training buffers moves at most one unit (reductions in the compute
+        # dtype), or the step's sums
+        comm.reserve_host_staging(memory, max(layout.max_unit_padded * precision.compute.itemsize,
+                                              self.step_sums.nbytes))
 
     # ---- parameters (replicated in stages 0-2)
     def store_unit_params(self, unit, values):
