@@ -246,6 +246,9 @@ BAD_INPUTS = [
      _ds_inconsistent, (3,)),
     ("deepspeed-invalid-json", ["--config", "{input}"], "ds.json is not valid JSON", _ds_invalid, (3,)),
     ("config-and-deepspeed", ["--config", "a.toml", "--deepspeed-config", "b.json"], "choose one", None, (3,)),
+    ("device-unknown", ["--device", "tpu"], "unknown --device 'tpu': choose auto, cpu, gpu", None, (3,)),
+    ("comm-unknown", ["--comm", "gloo"], "unknown --comm 'gloo': choose mpi or nccl", None, (3,)),
+    ("comm-nccl-on-cpu", ["--comm", "nccl", "--device", "cpu"], "--comm nccl needs --device gpu", None, (3, 1)),
 ]
 
 # (id, environment variables, keyword, rank counts): bad environments, checked the same way
