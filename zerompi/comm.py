@@ -25,6 +25,7 @@ ledger records the buffer that actually went to MPI, so its bytes show the widen
 
 `check_all` turns an error found on some ranks into the same clean exit on all of them.
 """
+import copy
 import sys
 import time
 
@@ -114,6 +115,22 @@ class Communicator:
         """Rank 0 receives every rank's equal-sized `send` into recv (size, ...); not ledgered
         (the end-of-run report and checkpoint manifests: bookkeeping, not training traffic)."""
         self.mpi.Gather(send, recv, root=0)
+
+    def duplicate(self):
+        """A Communicator on a duplicate of this MPI communicator (MPI_Comm_dup) that shares this
+        one's ledger and staging buffers: for the communication thread (zerompi/overlap.py), whose
+        collectives must never interleave with this thread's on one communicator."""
+        twin = copy.copy(self)
+        twin.mpi = self.mpi.Dup()
+        return twin
+
+    @staticmethod
+    def thread_level_error():
+        """Why a communication thread cannot be used, or None (it needs MPI_THREAD_MULTIPLE)."""
+        if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+            return None
+        return (f"--overlap on needs MPI_THREAD_MULTIPLE, but MPI was initialized with thread level "
+                f"{MPI.Query_thread()}: use --overlap off")
 
     def ranks_on_this_node(self):
         """How many ranks share this node (and its cores)."""

@@ -44,6 +44,9 @@ class TrainConfig:
     resume: str = ""                # "latest": from --save-dir's newest checkpoint if any; or a folder
     log_every: int = 25             # print loss and accuracy every this many steps (0: never)
     report: str = "table"           # end-of-run ledger: table, json (only JSON on stdout) or none
+    overlap: str = "on"             # on: collectives run on a communication thread, overlapping compute
+    bucket_mb: float = 25.0         # stages 0-1: gradients start reducing in buckets of >= this many MB
+    prefetch: int = 1               # stage 3: units whose all-gather starts ahead of their use
 
 
 class ArgumentError(Exception):
@@ -129,6 +132,14 @@ def build_parser(rank=0):
     p.add_argument("--log-every", type=int, default=d.log_every, help="steps between progress lines (0: none)")
     p.add_argument("--report", default=d.report, metavar="{table,json,none}",
                    help="end-of-run ledger; json: stdout holds only the JSON report, progress goes to stderr")
+    p.add_argument("--overlap", default=d.overlap, metavar="{on,off}",
+                   help="on: run the collectives on a communication thread while backward and forward "
+                        "compute (the results are bitwise the same either way)")
+    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
+                   help="stages 0-1: start reducing gradients a bucket of consecutive layers of at least "
+                        "this many MB at a time (0: every layer)")
+    p.add_argument("--prefetch", type=int, default=d.prefetch,
+                   help="stage 3, --overlap on: all-gather this many layers ahead (one layer buffer each)")
     return p
 
 
@@ -148,6 +159,12 @@ def check_config(cfg, num_ranks):
         return f"unknown --lr-schedule {cfg.lr_schedule!r}: choose {' or '.join(SCHEDULES)}"
     if cfg.report not in ("table", "json", "none"):
         return f"unknown --report {cfg.report!r}: choose table, json or none"
+    if cfg.overlap not in ("on", "off"):
+        return f"unknown --overlap {cfg.overlap!r}: choose on or off"
+    if not (math.isfinite(cfg.bucket_mb) and cfg.bucket_mb >= 0):
+        return f"--bucket-mb must be a finite number >= 0, got {cfg.bucket_mb}"
+    if cfg.prefetch < 0:
+        return f"--prefetch must be >= 0, got {cfg.prefetch}"
     for name in ("batch_size", "steps", "grad_accum", "loss_scale_window"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"

@@ -35,6 +35,7 @@ from .data import BatchSchedule, DataError, load_digits, load_npz, make_syntheti
 from .engine import build_engine
 from .launch import blas_threads, launch_mismatch, launcher_rank
 from .loss_scale import LossScaler
+from .overlap import OverlapConfig
 from .precision import precision_for
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
@@ -112,7 +113,9 @@ def run(cfg, comm, out, preemption):
     K = cfg.grad_accum
     rows = cfg.batch_size // (comm.size * K)                 # this rank's rows of one micro-batch
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
-    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, K)
+    overlap = OverlapConfig(cfg.overlap == "on", cfg.bucket_mb, cfg.prefetch)
+    comm.check_all(comm.thread_level_error() if overlap.enabled else None)
+    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, K, overlap)
     comm.check_all(check_writable(cfg.save_weights) if cfg.save_weights and comm.rank == 0 else None)
     scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
                         cfg.min_loss_scale)
@@ -164,6 +167,7 @@ def run(cfg, comm, out, preemption):
             comm.print0(f"step {done}: signalled: checkpoint written to {cfg.save_dir}; exiting with status "
                         f"{PREEMPTED} (continue with --resume)", file=out)
             raise SystemExit(PREEMPTED)
+    engine.zero.finish_communication()                      # the last step's all-gathers
     steps_run = cfg.steps - first_step
     train_seconds = time.perf_counter() - start
     train_comm = {p: comm.ledger.totals({p}) for p in ("grads", "params")}

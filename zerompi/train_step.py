@@ -59,8 +59,9 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
     """One optimizer step over micro_batches [(x, labels), ...] (this rank's rows of each)."""
     loss_part = correct = 0.0
     with np.errstate(over="ignore", invalid="ignore"):   # an inf/NaN is detected below, not warned about
+        micro_batches = list(micro_batches)
         for k, (x, labels) in enumerate(micro_batches):
-            zero.start_micro_batch(first=k == 0)
+            zero.start_micro_batch(first=k == 0, last=k == len(micro_batches) - 1)
             micro_loss, micro_correct = forward_backward(zero, mlp, x, labels, global_batch, loss_scale)
             loss_part += micro_loss
             correct += micro_correct
