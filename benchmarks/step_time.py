@@ -2,13 +2,16 @@
 
     mpirun -n 2 python benchmarks/step_time.py [--sizes 1024,2048,2048,2048,2048,10]
         [--batch-per-rank 64] [--repeats 5] [--steps 10] [--warmup 3] [--stages 0,1,2,3]
-        [--peers ddp,zero,fsdp|none] [--json PATH]
+        [--overlap off,on] [--bucket-mb 25] [--prefetch 1] [--peers ddp,zero,fsdp|none] [--json PATH]
 
 Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shapes):
   zerompi   per stage: build_engine, init_params(0), random data per rank, `warmup` steps, then
-            `repeats` x (Barrier; time `steps` train_steps). A repeat's time is the max over ranks
-            of its mean step time; we print the median over repeats. "comm" is the exposed
-            (blocking) time of the grads+params collectives from the engine's CommLedger, per step.
+            `repeats` x (Barrier; time `steps` train_steps), once with overlap off and once on
+            (zerompi/overlap.py). A repeat's time is the max over ranks of its mean step time; we
+            print the median over repeats. "exposed" is the time per step the training thread
+            spent in or waiting for the grads+params collectives (CommQueue.exposed_s): with
+            overlap off all of their time, with overlap on what the overlap did not hide. "busy"
+            is the time inside those collectives (the CommLedger), wherever they ran.
             Memory: the MemoryLedger's total, and the process RSS (current, and peak so far).
   limits    measured in this run, with all ranks busy at once as in training:
             GEMM rate at the step's shapes (B x I x O, the three GEMMs of a linear layer),
@@ -22,10 +25,12 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             comm = allreduce (stage 0), RS + AG (stages 1-2), RS + 2 AG (stage 3), measured as
                    one model-sized call each and as one call per unit (as zerompi calls them);
                    the floor takes the faster of the two.
-            The floor leaves out GELU, the loss and bias sums, and assumes no overlap (zerompi
-            overlaps nothing). ratio = step / floor.
+            The floor leaves out GELU, the loss and bias sums, and assumes no overlap: on a
+            machine whose every core runs a rank, MPI's shared-memory copies take the same cores
+            as the compute, so hiding them saves waiting, not work. ratio = step / floor.
   peers     benchmarks/peers_torch.py (only if torch imports): DDP, ZeroRedundancyOptimizer,
-            FSDP2; ratio = zerompi stage / peer (DDP~0, ZeRO~1, FSDP~3); > 1 means zerompi is slower.
+            FSDP2; each zerompi row / each peer; > 1 means zerompi is slower. The matching pairs
+            are DDP ~ stage 0, ZeroRedundancyOptimizer ~ stage 1, FSDP2 ~ stage 3.
 """
 import argparse
 import json
@@ -43,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from zerompi.adam import AdamConfig, AdamW            # noqa: E402
 from zerompi.engine import build_engine              # noqa: E402
 from zerompi.ledger import MemoryLedger              # noqa: E402
+from zerompi.overlap import OverlapConfig            # noqa: E402
 from zerompi.precision import precision_for          # noqa: E402
 from zerompi.train_step import train_step            # noqa: E402
 
@@ -59,12 +65,16 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--overlap", default="off,on", help="comma list of on/off: time each stage with each")
+    p.add_argument("--bucket-mb", type=float, default=OverlapConfig.bucket_mb)
+    p.add_argument("--prefetch", type=int, default=OverlapConfig.prefetch)
     p.add_argument("--peers", default="ddp,zero,fsdp", help="comma list, or none")
     p.add_argument("--json", default=None, help="write every number to this file (rank 0)")
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.stages = [int(s) for s in args.stages.split(",")]
     args.peers = [] if args.peers == "none" else args.peers.split(",")
+    args.overlap = args.overlap.split(",")
     return args
 
 
@@ -154,23 +164,27 @@ def measure_adam(numel, seconds_reps=5):
     return concurrent_time(step, seconds_reps)
 
 
-def bench_stage(stage, args):
+def bench_stage(stage, args, overlap):
     B = args.batch_per_rank
-    engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B)
+    config = OverlapConfig(overlap == "on", args.bucket_mb, args.prefetch)
+    engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B, overlap=config)
     engine.init_params(0)
     rng = np.random.default_rng(1000 + RANK)
     x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
     y = rng.integers(0, args.sizes[-1], B)
     step = lambda: train_step(engine.zero, engine.mlp, [(x, y)], B * N, LR)   # noqa: E731
-    ledger = engine.comm.ledger
+    ledger, queue = engine.comm.ledger, engine.zero.queue
     for _ in range(args.warmup):
         step()
-    before = ledger.totals({"grads", "params"})
+    engine.zero.finish_communication()
+    before, exposed_before = ledger.totals({"grads", "params"}), queue.exposed_s
     median, per_repeat = timed_repeats(step, args.repeats, args.steps, 0)
-    after = ledger.totals({"grads", "params"})
-    comm_s = COMM.allreduce((after[3] - before[3]) / (args.repeats * args.steps), op=MPI.MAX)
+    engine.zero.finish_communication()
+    after, exposed_after = ledger.totals({"grads", "params"}), queue.exposed_s
+    per_step = lambda seconds: COMM.allreduce(seconds / (args.repeats * args.steps), op=MPI.MAX)  # noqa: E731
     owned = engine.layout.shard_numel if stage >= 1 else engine.layout.full_numel
-    return {"step_s": median, "repeats_s": per_repeat, "comm_s": comm_s,
+    return {"step_s": median, "repeats_s": per_repeat, "comm_busy_s": per_step(after[3] - before[3]),
+            "comm_exposed_s": per_step(exposed_after - exposed_before),
             "ring_mb_per_step": (after[1] - before[1]) / (args.repeats * args.steps) / 1e6,
             "ledger_mb": COMM.allreduce(engine.memory.total_bytes, op=MPI.MAX) / 1e6,
             "rss_now_mb": COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6,
@@ -211,10 +225,13 @@ def main(argv=None):
         out["limits"] = limits = measure_limits(args.sizes, args.batch_per_rank, numel_full)
         out["stages"] = {}
         for stage in args.stages:
-            res = bench_stage(stage, args)
-            res["adam_alone_s"] = measure_adam(res["owned_elements"])
-            res["floor"] = floors(stage, res, limits, flops)
-            out["stages"][stage] = res
+            adam_alone_s = None
+            for overlap in args.overlap:
+                res = bench_stage(stage, args, overlap)
+                adam_alone_s = adam_alone_s or measure_adam(res["owned_elements"])
+                res["adam_alone_s"] = adam_alone_s
+                res["floor"] = floors(stage, res, limits, flops)
+                out["stages"][f"{stage} {overlap}"] = res
         out["peers"] = {}
         if args.peers:
             try:
@@ -248,27 +265,25 @@ def print_table(out, num_params):
     for how, c in lim["collective_s"].items():
         print(f"    {how:>8} calls: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in c.items()))
     print(f"  training FLOPs per rank and step: {out['flops_per_rank_step'] / 1e9:.2f} GFLOP")
-    print("\nstage  step ms  comm ms  adam ms | floor: compute  optim   comm  total | ratio | "
-          "ledger MB  RSS MB  peak MB")
-    for stage, r in out["stages"].items():
+    peers = {name: p for name, p in out["peers"].items() if name != "error" and "error" not in p}
+    print(f"\nstage overlap  step ms  exposed  busy ms  adam ms | floor: compute  optim   comm  total | "
+          f"ratio | ledger MB  RSS MB  peak MB" + "".join(f" | /{name}" for name in peers))
+    for row, r in out["stages"].items():
+        stage, overlap = row.split()
         f = r["floor"]
-        print(f"{stage:>5} {ms(r['step_s'])} {ms(r['comm_s'])} {ms(r['adam_alone_s'])} |      "
+        print(f"{stage:>5} {overlap:>7} {ms(r['step_s'])} {ms(r['comm_exposed_s'])} {ms(r['comm_busy_s'])} "
+              f"{ms(r['adam_alone_s'])} |      "
               f"{ms(f['compute_s'])}{ms(f['optimizer_s'])[1:]}{ms(f['comm_s'])[1:]}{ms(f['total_s'])[1:]} | "
               f"{r['step_s'] / f['total_s']:5.2f} | {r['ledger_mb']:9.1f} {r['rss_now_mb']:7.1f} "
-              f"{r['rss_peak_mb']:8.1f}")
-    peers = out["peers"]
-    if not peers:
+              f"{r['rss_peak_mb']:8.1f}" + "".join(f" | {r['step_s'] / p['step_s']:5.2f}" for p in peers.values()))
+    if not out["peers"]:
         return
-    print("\npeer                        step ms | zerompi stage  step ms | zerompi/peer")
-    match = {"ddp": 0, "zero": 1, "fsdp": 3}
-    for name, p in peers.items():
+    print("\npeer                        step ms   (the /peer columns above: zerompi step / peer step)")
+    for name, p in out["peers"].items():
         if "error" in p or name == "error":
             print(f"{name:<27} failed: {p['error'] if isinstance(p, dict) else p}")
             continue
-        st = out["stages"].get(match.get(name))
-        mine = (f"{match[name]:>13} {ms(st['step_s'])} | {st['step_s'] / p['step_s']:12.2f}"
-                if st else "            - ")
-        print(f"{p['label']:<27} {ms(p['step_s'])} | {mine}")
+        print(f"{p['label']:<27} {ms(p['step_s'])}")
 
 
 if __name__ == "__main__":
