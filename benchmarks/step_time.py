@@ -68,6 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--overlap", default="off,on", help="comma list of on/off: time each stage with each")
     p.add_argument("--bucket-mb", type=float, default=OverlapConfig.bucket_mb)
     p.add_argument("--prefetch", type=int, default=OverlapConfig.prefetch)
+    p.add_argument("--limits", default="on", help="off: skip the machine limits and floors (growth.py)")
     p.add_argument("--peers", default="ddp,zero,fsdp", help="comma list, or none")
     p.add_argument("--json", default=None, help="write every number to this file (rank 0)")
     args = p.parse_args(argv)
@@ -187,6 +188,8 @@ def bench_stage(stage, args, overlap):
             "comm_exposed_s": per_step(exposed_after - exposed_before),
             "ring_mb_per_step": (after[1] - before[1]) / (args.repeats * args.steps) / 1e6,
             "ledger_mb": COMM.allreduce(engine.memory.total_bytes, op=MPI.MAX) / 1e6,
+            "model_state_mb": COMM.allreduce(sum(engine.memory.bytes_by_kind[k] for k in ("params", "grads", "optimizer")),
+                                             op=MPI.MAX) / 1e6,
             "rss_now_mb": COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6,
             "rss_peak_mb": COMM.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                                           op=MPI.MAX) / 1e6,
@@ -222,16 +225,19 @@ def main(argv=None):
         del probe
         flops = training_flops(args.sizes, args.batch_per_rank)
         out["flops_per_rank_step"] = flops
-        out["limits"] = limits = measure_limits(args.sizes, args.batch_per_rank, numel_full)
+        limits = None
+        if args.limits == "on":
+            out["limits"] = limits = measure_limits(args.sizes, args.batch_per_rank, numel_full)
         out["stages"] = {}
         for stage in args.stages:
             adam_alone_s = None
             for overlap in args.overlap:
                 res = bench_stage(stage, args, overlap)
-                adam_alone_s = adam_alone_s or measure_adam(res["owned_elements"])
-                res["adam_alone_s"] = adam_alone_s
-                res["floor"] = floors(stage, res, limits, flops)
                 out["stages"][f"{stage} {overlap}"] = res
+                if limits:
+                    adam_alone_s = adam_alone_s or measure_adam(res["owned_elements"])
+                    res["adam_alone_s"] = adam_alone_s
+                    res["floor"] = floors(stage, res, limits, flops)
         out["peers"] = {}
         if args.peers:
             try:
@@ -240,7 +246,8 @@ def main(argv=None):
             except ImportError as e:
                 out["peers"] = {"error": f"torch not available: {e}"}
     if RANK == 0:
-        print_table(out, num_params)
+        if limits:
+            print_table(out, num_params)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1, default=str)
