@@ -44,7 +44,8 @@ class TrainConfig:
     resume: str = ""                # "latest": from --save-dir's newest checkpoint if any; or a folder
     log_every: int = 25             # print loss and accuracy every this many steps (0: never)
     report: str = "table"           # end-of-run ledger: table, json (only JSON on stdout) or none
-    overlap: str = "on"             # on: collectives run on a communication thread, overlapping compute
+    overlap: str = "off"            # on: collectives run on a communication thread, overlapping compute
+    #                                 (off by default: measured slower with one rank per core, README)
     bucket_mb: float = 25.0         # stages 0-1: gradients start reducing in buckets of >= this many MB
     prefetch: int = 1               # stage 3: units whose all-gather starts ahead of their use
 

@@ -4,7 +4,7 @@
         for unit in units:            zero.before_forward  -> forward  -> zero.after_forward
         loss, d_logits = softmax cross-entropy (divided by the GLOBAL batch, times the loss scale)
         for unit in reversed(units):  zero.before_backward -> backward -> zero.after_backward
-    zero.reduce_grads()                                   stages 0-1 (2-3 reduced during backward)
+    zero.reduce_grads()                                   wait for the reductions backward started
     one all-reduce of (sum of squares of the owned gradients, loss, correct):
         grad_norm = sqrt(sum over ranks) / loss scale     every element counted once, on its owner
     if grad_norm or loss is not finite: skip the step     every rank sees the same sums: all agree

@@ -9,7 +9,7 @@ The training step (zerompi/train_step.py) calls, per micro-batch and per unit (o
 
 and then, once per optimizer step:
 
-    zero.reduce_grads()         finish the gradient reduction (stages 0-1; stages 2-3 did it in backward)
+    zero.reduce_grads()         wait for the gradient reductions that backward started
     zero.grad_partition()       the reduced gradient, each element on exactly one rank (global norm)
     zero.update(lr, multiplier) Adam on what this rank owns
     zero.gather_params()        bring every rank's updated parameters to all ranks (stages 1-2)
@@ -57,6 +57,12 @@ class ZeroStage:
         if precision.mixed or (micro_batches > 1 and self.stage >= 2):
             comm.reserve_staging(memory, self.largest_reduction(), precision.compute)
         self.queue = CommQueue(comm, overlap.enabled)    # after the staging: its thread shares it
+
+    def alloc_unit_buffers(self, name, count):
+        """count one-unit work buffers in the storage dtype, ledgered as name, name.2, name.3, ..."""
+        return [self.memory.alloc("work", name + ("" if i == 0 else f".{i + 1}"),
+                                  (self.layout.max_unit_padded,), self.precision.storage)
+                for i in range(count)]
 
     def largest_reduction(self):
         """Elements of the largest buffer reduced in one call: one unit (stage 0 overrides)."""

@@ -48,9 +48,7 @@ class Stage2(Stage1):
     def alloc_grad_buckets(self):
         """One one-unit gradient buffer, two with overlap on (see the module docstring)."""
         count = 2 if self.overlap.enabled else 1
-        self.grad_buckets = [self.memory.alloc("work", "grad_bucket" + ("" if i == 0 else f".{i + 1}"),
-                                               (self.layout.max_unit_padded,), self.precision.storage)
-                             for i in range(count)]
+        self.grad_buckets = self.alloc_unit_buffers("grad_bucket", count)
         self.bucket_tickets = [None] * count   # the reduce-scatter that last read each buffer
         self.bucket_in_use = 0                 # the buffer that the current unit's backward writes
 

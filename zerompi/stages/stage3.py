@@ -45,14 +45,13 @@ class Stage3(Stage2):
 
     def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1,
                  overlap=OverlapConfig()):
-        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches, overlap)   # no param_full
+        # no param_full: the parent's constructor is not called
+        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches, overlap)
         dtype = precision.storage
         self.param_shard = memory.alloc("params", "param_shard", (layout.shard_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
         self.prefetch = min(overlap.prefetch, len(layout.units) - 1) if overlap.enabled else 0
-        self.param_gathers = [memory.alloc("work", "param_gather" + ("" if i == 0 else f".{i + 1}"),
-                                           (layout.max_unit_padded,), dtype)
-                              for i in range(1 + self.prefetch)]
+        self.param_gathers = self.alloc_unit_buffers("param_gather", 1 + self.prefetch)
         self.gathers_ahead = deque()     # (unit index, buffer index, ticket), in the order of use
         self.gather_in_use = None        # the buffer the current unit computes with
         self.alloc_grad_buckets()
