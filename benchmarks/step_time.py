@@ -5,14 +5,17 @@
         [--overlap off,on] [--bucket-mb 25] [--prefetch 1] [--peers ddp,zero,fsdp|none] [--json PATH]
 
 Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shapes):
-  zerompi   per stage: build_engine, init_params(0), random data per rank, `warmup` steps, then
-            `repeats` x (Barrier; time `steps` train_steps), once with overlap off and once on
-            (zerompi/overlap.py). A repeat's time is the max over ranks of its mean step time; we
-            print the median over repeats. "exposed" is the time per step the training thread
+  zerompi   per stage, with overlap off and on (zerompi/overlap.py): build_engine,
+            init_params(0), random data per rank, `warmup` steps. Then `repeats` rounds; in each,
+            every (stage, overlap) row in turn: Barrier, `steps` train_steps, the last one's
+            communication finished. A round's time is the max over ranks of its mean step time; we
+            print the median over rounds. Interleaving the rows makes a burst of load from other
+            processes hit them all alike. "exposed" is the time per step the training thread
             spent in or waiting for the grads+params collectives (CommQueue.exposed_s): with
             overlap off all of their time, with overlap on what the overlap did not hide. "busy"
             is the time inside those collectives (the CommLedger), wherever they ran.
-            Memory: the MemoryLedger's total, and the process RSS (current, and peak so far).
+            Memory: the MemoryLedger's total per row (its peak too: nothing is allocated in the
+            loop); the process RSS with every row's engine alive at once, printed once.
   limits    measured in this run, with all ranks busy at once as in training:
             GEMM rate at the step's shapes (B x I x O, the three GEMMs of a linear layer),
             memory bandwidth of an in-place ufunc over 64 MB float32 (read + write = 2 x 64 MB),
@@ -165,36 +168,51 @@ def measure_adam(numel, seconds_reps=5):
     return concurrent_time(step, seconds_reps)
 
 
-def bench_stage(stage, args, overlap):
-    B = args.batch_per_rank
-    config = OverlapConfig(overlap == "on", args.bucket_mb, args.prefetch)
-    engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B, overlap=config)
-    engine.init_params(0)
-    rng = np.random.default_rng(1000 + RANK)
-    x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
-    y = rng.integers(0, args.sizes[-1], B)
-    step = lambda: train_step(engine.zero, engine.mlp, [(x, y)], B * N, LR)   # noqa: E731
-    ledger, queue = engine.comm.ledger, engine.zero.queue
-    for _ in range(args.warmup):
-        step()
-    engine.zero.finish_communication()
-    before, exposed_before = ledger.totals({"grads", "params"}), queue.exposed_s
-    median, per_repeat = timed_repeats(step, args.repeats, args.steps, 0)
-    engine.zero.finish_communication()
-    after, exposed_after = ledger.totals({"grads", "params"}), queue.exposed_s
-    per_step = lambda seconds: COMM.allreduce(seconds / (args.repeats * args.steps), op=MPI.MAX)  # noqa: E731
-    owned = engine.layout.shard_numel if stage >= 1 else engine.layout.full_numel
-    return {"step_s": median, "repeats_s": per_repeat, "comm_busy_s": per_step(after[3] - before[3]),
-            "comm_exposed_s": per_step(exposed_after - exposed_before),
-            "ring_mb_per_step": (after[1] - before[1]) / (args.repeats * args.steps) / 1e6,
-            "ledger_mb": COMM.allreduce(engine.memory.total_bytes, op=MPI.MAX) / 1e6,
-            "model_state_mb": COMM.allreduce(sum(engine.memory.bytes_by_kind[k] for k in ("params", "grads", "optimizer")),
-                                             op=MPI.MAX) / 1e6,
-            "rss_now_mb": COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6,
-            "rss_peak_mb": COMM.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                                          op=MPI.MAX) / 1e6,
-            "owned_elements": owned, "full_elements": engine.layout.full_numel,
-            "num_params": engine.layout.num_params}
+class StageRun:
+    """One zerompi stage with overlap off or on: built and warmed up once, then timed in rounds
+    between the other stages' (so that a burst of load from elsewhere hits them all alike)."""
+
+    def __init__(self, stage, overlap, args):
+        B = args.batch_per_rank
+        config = OverlapConfig(overlap == "on", args.bucket_mb, args.prefetch)
+        self.engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B, overlap=config)
+        self.engine.init_params(0)
+        rng = np.random.default_rng(1000 + RANK)
+        x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
+        y = rng.integers(0, args.sizes[-1], B)
+        self.step = lambda: train_step(self.engine.zero, self.engine.mlp, [(x, y)], B * N, LR)   # noqa: E731
+        for _ in range(args.warmup):
+            self.step()
+        self.stage, self.round_s, self.steps = stage, [], 0
+        self.busy_s = self.exposed_s = self.ring_bytes = 0.0
+
+    def time_round(self, steps):
+        """`steps` steps, the last one's communication included; max over ranks of the mean."""
+        zero, ledger = self.engine.zero, self.engine.comm.ledger
+        _, ring_before, _, busy_before = ledger.totals({"grads", "params"})
+        exposed_before = zero.queue.exposed_s
+        COMM.Barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        zero.finish_communication()
+        self.round_s.append(COMM.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX))
+        _, ring_after, _, busy_after = ledger.totals({"grads", "params"})
+        self.busy_s += busy_after - busy_before
+        self.exposed_s += zero.queue.exposed_s - exposed_before
+        self.ring_bytes += ring_after - ring_before
+        self.steps += steps
+
+    def result(self):
+        engine, per_step = self.engine, lambda total: COMM.allreduce(total / self.steps, op=MPI.MAX)  # noqa: E731
+        state = sum(engine.memory.bytes_by_kind[k] for k in ("params", "grads", "optimizer"))
+        return {"step_s": statistics.median(self.round_s), "repeats_s": self.round_s,
+                "comm_busy_s": per_step(self.busy_s), "comm_exposed_s": per_step(self.exposed_s),
+                "ring_mb_per_step": per_step(self.ring_bytes) / 1e6,
+                "ledger_mb": COMM.allreduce(engine.memory.total_bytes, op=MPI.MAX) / 1e6,
+                "model_state_mb": COMM.allreduce(state, op=MPI.MAX) / 1e6,
+                "owned_elements": engine.layout.shard_numel if self.stage >= 1 else engine.layout.full_numel,
+                "full_elements": engine.layout.full_numel, "num_params": engine.layout.num_params}
 
 
 def floors(stage, res, limits, flops):
@@ -228,16 +246,21 @@ def main(argv=None):
         limits = None
         if args.limits == "on":
             out["limits"] = limits = measure_limits(args.sizes, args.batch_per_rank, numel_full)
+        runs = {f"{stage} {overlap}": StageRun(stage, overlap, args)
+                for stage in args.stages for overlap in args.overlap}
+        for _ in range(args.repeats):
+            for run in runs.values():
+                run.time_round(args.steps)
         out["stages"] = {}
-        for stage in args.stages:
-            adam_alone_s = None
-            for overlap in args.overlap:
-                res = bench_stage(stage, args, overlap)
-                out["stages"][f"{stage} {overlap}"] = res
-                if limits:
-                    adam_alone_s = adam_alone_s or measure_adam(res["owned_elements"])
-                    res["adam_alone_s"] = adam_alone_s
-                    res["floor"] = floors(stage, res, limits, flops)
+        for row, run in runs.items():
+            out["stages"][row] = res = run.result()
+            if limits:
+                res["adam_alone_s"] = measure_adam(res["owned_elements"])
+                res["floor"] = floors(run.stage, res, limits, flops)
+        out["rss_mb"] = COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6
+        out["rss_peak_mb"] = COMM.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                                            op=MPI.MAX) / 1e6
+        del runs
         out["peers"] = {}
         if args.peers:
             try:
@@ -274,15 +297,17 @@ def print_table(out, num_params):
     print(f"  training FLOPs per rank and step: {out['flops_per_rank_step'] / 1e9:.2f} GFLOP")
     peers = {name: p for name, p in out["peers"].items() if name != "error" and "error" not in p}
     print(f"\nstage overlap  step ms  exposed  busy ms  adam ms | floor: compute  optim   comm  total | "
-          f"ratio | ledger MB  RSS MB  peak MB" + "".join(f" | /{name}" for name in peers))
+          f"ratio | ledger MB" + "".join(f" | /{name}" for name in peers))
     for row, r in out["stages"].items():
         stage, overlap = row.split()
         f = r["floor"]
         print(f"{stage:>5} {overlap:>7} {ms(r['step_s'])} {ms(r['comm_exposed_s'])} {ms(r['comm_busy_s'])} "
               f"{ms(r['adam_alone_s'])} |      "
               f"{ms(f['compute_s'])}{ms(f['optimizer_s'])[1:]}{ms(f['comm_s'])[1:]}{ms(f['total_s'])[1:]} | "
-              f"{r['step_s'] / f['total_s']:5.2f} | {r['ledger_mb']:9.1f} {r['rss_now_mb']:7.1f} "
-              f"{r['rss_peak_mb']:8.1f}" + "".join(f" | {r['step_s'] / p['step_s']:5.2f}" for p in peers.values()))
+              f"{r['step_s'] / f['total_s']:5.2f} | {r['ledger_mb']:9.1f}"
+              + "".join(f" | {r['step_s'] / p['step_s']:5.2f}" for p in peers.values()))
+    print(f"process memory per rank with every row's engine built at once: RSS {out['rss_mb']:.0f} MB, "
+          f"peak {out['rss_peak_mb']:.0f} MB")
     if not out["peers"]:
         return
     print("\npeer                        step ms   (the /peer columns above: zerompi step / peer step)")

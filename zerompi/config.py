@@ -46,7 +46,7 @@ class TrainConfig:
     report: str = "table"           # end-of-run ledger: table, json (only JSON on stdout) or none
     overlap: str = "off"            # on: collectives run on a communication thread, overlapping compute
     #                                 (off by default: measured slower with one rank per core, README)
-    bucket_mb: float = 25.0         # stages 0-1: gradients start reducing in buckets of >= this many MB
+    bucket_mb: float = 4.0          # stages 0-1: gradients start reducing in buckets of >= this many MB
     prefetch: int = 1               # stage 3: units whose all-gather starts ahead of their use
 
 

@@ -104,7 +104,7 @@ class CommQueue:
 @dataclass(frozen=True)
 class OverlapConfig:
     enabled: bool = False      # run the step's collectives on a communication thread (README: Speed)
-    bucket_mb: float = 25.0    # stages 0-1: hand gradients to communication in buckets of >= this
+    bucket_mb: float = 4.0     # stages 0-1: hand gradients to communication in buckets of >= this
     prefetch: int = 1          # stage 3: all-gathers started this many units ahead of their use
 
 

@@ -64,7 +64,7 @@ def run(stage, dtype=np.float64, overlap=OverlapConfig()):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("overlap", [OverlapConfig(enabled=True, prefetch=2), OverlapConfig(enabled=False, bucket_mb=0)],
-                         ids=["on-bucket-25MB", "off-bucket-per-unit"])
+                         ids=["on-prefetch-2", "off-bucket-per-unit"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_comm_ledger_matches_mpi_calls_and_formula(stage, overlap):
     engine, proxy = run(stage, overlap=overlap)
