@@ -2,7 +2,8 @@
 
 The stages hand their collectives to a CommQueue instead of calling the communicator directly:
 
-    ticket = queue.submit(comm_method, *args)     returns at once; the call runs in the background
+    ticket = queue.submit("allgather", *args)     a Communicator method's name: returns at once,
+                                                  the call runs in the background
     ...compute that does not touch the call's buffers...
     queue.wait(ticket)                            before the buffers are read or reused
     queue.wait_all()                              before anything reads what the calls wrote
@@ -25,6 +26,10 @@ run on the same buffers in the same order, so the results are bitwise identical 
 
 Exposed communication time (`exposed_s`): what the main thread spent waiting for communication,
 the part that overlapping did not hide. With overlap off that is the whole time of every call.
+
+Measured (README, Speed): with every core already running a rank, the thread hides most of the
+communication but the step gets no shorter, because MPI's shared-memory copies and polling then
+run on the cores the compute needs; hence off by default.
 """
 import threading
 import time
