@@ -2,14 +2,20 @@
 
     mpirun -n 2 python benchmarks/step_time.py [--sizes 1024,2048,2048,2048,2048,10]
         [--batch-per-rank 64] [--repeats 5] [--steps 10] [--warmup 3] [--stages 0,1,2,3]
-        [--peers ddp,zero,fsdp|none] [--json PATH]
+        [--overlap off,on] [--bucket-mb 25] [--prefetch 1] [--peers ddp,zero,fsdp|none] [--json PATH]
 
 Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shapes):
-  zerompi   per stage: build_engine, init_params(0), random data per rank, `warmup` steps, then
-            `repeats` x (Barrier; time `steps` train_steps). A repeat's time is the max over ranks
-            of its mean step time; we print the median over repeats. "comm" is the exposed
-            (blocking) time of the grads+params collectives from the engine's CommLedger, per step.
-            Memory: the MemoryLedger's total, and the process RSS (current, and peak so far).
+  zerompi   per stage, with overlap off and on (zerompi/overlap.py): build_engine,
+            init_params(0), random data per rank, `warmup` steps. Then `repeats` rounds; in each,
+            every (stage, overlap) row in turn: Barrier, `steps` train_steps, the last one's
+            communication finished. A round's time is the max over ranks of its mean step time; we
+            print the median over rounds. Interleaving the rows makes a burst of load from other
+            processes hit them all alike. "exposed" is the time per step the training thread
+            spent in or waiting for the grads+params collectives (CommQueue.exposed_s): with
+            overlap off all of their time, with overlap on what the overlap did not hide. "busy"
+            is the time inside those collectives (the CommLedger), wherever they ran.
+            Memory: the MemoryLedger's total per row (its peak too: nothing is allocated in the
+            loop); the process RSS with every row's engine alive at once, printed once.
   limits    measured in this run, with all ranks busy at once as in training:
             GEMM rate at the step's shapes (B x I x O, the three GEMMs of a linear layer),
             memory bandwidth of an in-place ufunc over 64 MB float32 (read + write = 2 x 64 MB),
@@ -22,10 +28,12 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             comm = allreduce (stage 0), RS + AG (stages 1-2), RS + 2 AG (stage 3), measured as
                    one model-sized call each and as one call per unit (as zerompi calls them);
                    the floor takes the faster of the two.
-            The floor leaves out GELU, the loss and bias sums, and assumes no overlap (zerompi
-            overlaps nothing). ratio = step / floor.
+            The floor leaves out GELU, the loss and bias sums, and assumes no overlap: on a
+            machine whose every core runs a rank, MPI's shared-memory copies take the same cores
+            as the compute, so hiding them saves waiting, not work. ratio = step / floor.
   peers     benchmarks/peers_torch.py (only if torch imports): DDP, ZeroRedundancyOptimizer,
-            FSDP2; ratio = zerompi stage / peer (DDP~0, ZeRO~1, FSDP~3); > 1 means zerompi is slower.
+            FSDP2; each zerompi row / each peer; > 1 means zerompi is slower. The matching pairs
+            are DDP ~ stage 0, ZeroRedundancyOptimizer ~ stage 1, FSDP2 ~ stage 3.
 """
 import argparse
 import json
@@ -43,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from zerompi.adam import AdamConfig, AdamW            # noqa: E402
 from zerompi.engine import build_engine              # noqa: E402
 from zerompi.ledger import MemoryLedger              # noqa: E402
+from zerompi.overlap import OverlapConfig            # noqa: E402
 from zerompi.precision import precision_for          # noqa: E402
 from zerompi.train_step import train_step            # noqa: E402
 
@@ -59,12 +68,17 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--overlap", default="off,on", help="comma list of on/off: time each stage with each")
+    p.add_argument("--bucket-mb", type=float, default=OverlapConfig.bucket_mb)
+    p.add_argument("--prefetch", type=int, default=OverlapConfig.prefetch)
+    p.add_argument("--limits", default="on", help="off: skip the machine limits and floors (growth.py)")
     p.add_argument("--peers", default="ddp,zero,fsdp", help="comma list, or none")
     p.add_argument("--json", default=None, help="write every number to this file (rank 0)")
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.stages = [int(s) for s in args.stages.split(",")]
     args.peers = [] if args.peers == "none" else args.peers.split(",")
+    args.overlap = args.overlap.split(",")
     return args
 
 
@@ -154,30 +168,51 @@ def measure_adam(numel, seconds_reps=5):
     return concurrent_time(step, seconds_reps)
 
 
-def bench_stage(stage, args):
-    B = args.batch_per_rank
-    engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B)
-    engine.init_params(0)
-    rng = np.random.default_rng(1000 + RANK)
-    x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
-    y = rng.integers(0, args.sizes[-1], B)
-    step = lambda: train_step(engine.zero, engine.mlp, [(x, y)], B * N, LR)   # noqa: E731
-    ledger = engine.comm.ledger
-    for _ in range(args.warmup):
-        step()
-    before = ledger.totals({"grads", "params"})
-    median, per_repeat = timed_repeats(step, args.repeats, args.steps, 0)
-    after = ledger.totals({"grads", "params"})
-    comm_s = COMM.allreduce((after[3] - before[3]) / (args.repeats * args.steps), op=MPI.MAX)
-    owned = engine.layout.shard_numel if stage >= 1 else engine.layout.full_numel
-    return {"step_s": median, "repeats_s": per_repeat, "comm_s": comm_s,
-            "ring_mb_per_step": (after[1] - before[1]) / (args.repeats * args.steps) / 1e6,
-            "ledger_mb": COMM.allreduce(engine.memory.total_bytes, op=MPI.MAX) / 1e6,
-            "rss_now_mb": COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6,
-            "rss_peak_mb": COMM.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                                          op=MPI.MAX) / 1e6,
-            "owned_elements": owned, "full_elements": engine.layout.full_numel,
-            "num_params": engine.layout.num_params}
+class StageRun:
+    """One zerompi stage with overlap off or on: built and warmed up once, then timed in rounds
+    between the other stages' (so that a burst of load from elsewhere hits them all alike)."""
+
+    def __init__(self, stage, overlap, args):
+        B = args.batch_per_rank
+        config = OverlapConfig(overlap == "on", args.bucket_mb, args.prefetch)
+        self.engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B, overlap=config)
+        self.engine.init_params(0)
+        rng = np.random.default_rng(1000 + RANK)
+        x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
+        y = rng.integers(0, args.sizes[-1], B)
+        self.step = lambda: train_step(self.engine.zero, self.engine.mlp, [(x, y)], B * N, LR)   # noqa: E731
+        for _ in range(args.warmup):
+            self.step()
+        self.stage, self.round_s, self.steps = stage, [], 0
+        self.busy_s = self.exposed_s = self.ring_bytes = 0.0
+
+    def time_round(self, steps):
+        """`steps` steps, the last one's communication included; max over ranks of the mean."""
+        zero, ledger = self.engine.zero, self.engine.comm.ledger
+        _, ring_before, _, busy_before = ledger.totals({"grads", "params"})
+        exposed_before = zero.queue.exposed_s
+        COMM.Barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        zero.finish_communication()
+        self.round_s.append(COMM.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX))
+        _, ring_after, _, busy_after = ledger.totals({"grads", "params"})
+        self.busy_s += busy_after - busy_before
+        self.exposed_s += zero.queue.exposed_s - exposed_before
+        self.ring_bytes += ring_after - ring_before
+        self.steps += steps
+
+    def result(self):
+        engine, per_step = self.engine, lambda total: COMM.allreduce(total / self.steps, op=MPI.MAX)  # noqa: E731
+        state = sum(engine.memory.bytes_by_kind[k] for k in ("params", "grads", "optimizer"))
+        return {"step_s": statistics.median(self.round_s), "repeats_s": self.round_s,
+                "comm_busy_s": per_step(self.busy_s), "comm_exposed_s": per_step(self.exposed_s),
+                "ring_mb_per_step": per_step(self.ring_bytes) / 1e6,
+                "ledger_mb": COMM.allreduce(engine.memory.total_bytes, op=MPI.MAX) / 1e6,
+                "model_state_mb": COMM.allreduce(state, op=MPI.MAX) / 1e6,
+                "owned_elements": engine.layout.shard_numel if self.stage >= 1 else engine.layout.full_numel,
+                "full_elements": engine.layout.full_numel, "num_params": engine.layout.num_params}
 
 
 def floors(stage, res, limits, flops):
@@ -208,13 +243,24 @@ def main(argv=None):
         del probe
         flops = training_flops(args.sizes, args.batch_per_rank)
         out["flops_per_rank_step"] = flops
-        out["limits"] = limits = measure_limits(args.sizes, args.batch_per_rank, numel_full)
+        limits = None
+        if args.limits == "on":
+            out["limits"] = limits = measure_limits(args.sizes, args.batch_per_rank, numel_full)
+        runs = {f"{stage} {overlap}": StageRun(stage, overlap, args)
+                for stage in args.stages for overlap in args.overlap}
+        for _ in range(args.repeats):
+            for run in runs.values():
+                run.time_round(args.steps)
         out["stages"] = {}
-        for stage in args.stages:
-            res = bench_stage(stage, args)
-            res["adam_alone_s"] = measure_adam(res["owned_elements"])
-            res["floor"] = floors(stage, res, limits, flops)
-            out["stages"][stage] = res
+        for row, run in runs.items():
+            out["stages"][row] = res = run.result()
+            if limits:
+                res["adam_alone_s"] = measure_adam(res["owned_elements"])
+                res["floor"] = floors(run.stage, res, limits, flops)
+        out["rss_mb"] = COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6
+        out["rss_peak_mb"] = COMM.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                                            op=MPI.MAX) / 1e6
+        del runs
         out["peers"] = {}
         if args.peers:
             try:
@@ -223,7 +269,8 @@ def main(argv=None):
             except ImportError as e:
                 out["peers"] = {"error": f"torch not available: {e}"}
     if RANK == 0:
-        print_table(out, num_params)
+        if limits:
+            print_table(out, num_params)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1, default=str)
@@ -248,27 +295,27 @@ def print_table(out, num_params):
     for how, c in lim["collective_s"].items():
         print(f"    {how:>8} calls: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in c.items()))
     print(f"  training FLOPs per rank and step: {out['flops_per_rank_step'] / 1e9:.2f} GFLOP")
-    print("\nstage  step ms  comm ms  adam ms | floor: compute  optim   comm  total | ratio | "
-          "ledger MB  RSS MB  peak MB")
-    for stage, r in out["stages"].items():
+    peers = {name: p for name, p in out["peers"].items() if name != "error" and "error" not in p}
+    print(f"\nstage overlap  step ms  exposed  busy ms  adam ms | floor: compute  optim   comm  total | "
+          f"ratio | ledger MB" + "".join(f" | /{name}" for name in peers))
+    for row, r in out["stages"].items():
+        stage, overlap = row.split()
         f = r["floor"]
-        print(f"{stage:>5} {ms(r['step_s'])} {ms(r['comm_s'])} {ms(r['adam_alone_s'])} |      "
+        print(f"{stage:>5} {overlap:>7} {ms(r['step_s'])} {ms(r['comm_exposed_s'])} {ms(r['comm_busy_s'])} "
+              f"{ms(r['adam_alone_s'])} |      "
               f"{ms(f['compute_s'])}{ms(f['optimizer_s'])[1:]}{ms(f['comm_s'])[1:]}{ms(f['total_s'])[1:]} | "
-              f"{r['step_s'] / f['total_s']:5.2f} | {r['ledger_mb']:9.1f} {r['rss_now_mb']:7.1f} "
-              f"{r['rss_peak_mb']:8.1f}")
-    peers = out["peers"]
-    if not peers:
+              f"{r['step_s'] / f['total_s']:5.2f} | {r['ledger_mb']:9.1f}"
+              + "".join(f" | {r['step_s'] / p['step_s']:5.2f}" for p in peers.values()))
+    print(f"process memory per rank with every row's engine built at once: RSS {out['rss_mb']:.0f} MB, "
+          f"peak {out['rss_peak_mb']:.0f} MB")
+    if not out["peers"]:
         return
-    print("\npeer                        step ms | zerompi stage  step ms | zerompi/peer")
-    match = {"ddp": 0, "zero": 1, "fsdp": 3}
-    for name, p in peers.items():
+    print("\npeer                        step ms   (the /peer columns above: zerompi step / peer step)")
+    for name, p in out["peers"].items():
         if "error" in p or name == "error":
             print(f"{name:<27} failed: {p['error'] if isinstance(p, dict) else p}")
             continue
-        st = out["stages"].get(match.get(name))
-        mine = (f"{match[name]:>13} {ms(st['step_s'])} | {st['step_s'] / p['step_s']:12.2f}"
-                if st else "            - ")
-        print(f"{p['label']:<27} {ms(p['step_s'])} | {mine}")
+        print(f"{p['label']:<27} {ms(p['step_s'])}")
 
 
 if __name__ == "__main__":

@@ -211,7 +211,9 @@ def test_padding_stays_exactly_zero():
         p, opt, _ = run_zerompi(p0, grads, CONFIG)
         assert np.all(p[pad] == 0) and not np.any(np.signbit(p[pad]))
         assert np.all(opt.m[pad] == 0) and np.all(opt.v[pad] == 0)
-        assert np.all(p[~pad] != p0[~pad])
+        assert np.all(opt.m[~pad] != 0)               # every real element was updated...
+        assert np.mean(p[~pad] != p0[~pad]) > 0.999   # ...and moved (float32 rounding can bring
+        #                                               the odd one back exactly to where it began)
 
 
 @pytest.mark.parametrize("storage", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "fp16"])

@@ -249,6 +249,9 @@ BAD_INPUTS = [
     ("device-unknown", ["--device", "tpu"], "unknown --device 'tpu': choose auto, cpu, gpu", None, (3,)),
     ("comm-unknown", ["--comm", "gloo"], "unknown --comm 'gloo': choose mpi or nccl", None, (3,)),
     ("comm-nccl-on-cpu", ["--comm", "nccl", "--device", "cpu"], "--comm nccl needs --device gpu", None, (3, 1)),
+    ("overlap-maybe", ["--overlap", "maybe"], "unknown --overlap 'maybe'", None, (3,)),
+    ("bucket-mb-negative", ["--bucket-mb", -1], "--bucket-mb must be a finite number >= 0", None, (3,)),
+    ("prefetch-negative", ["--prefetch", -1], "--prefetch must be >= 0", None, (3,)),
 ]
 
 # (id, environment variables, keyword, rank counts): bad environments, checked the same way
@@ -345,6 +348,21 @@ def test_same_flags_twice_give_bitwise_identical_weights_and_losses(tmp_path):
     losses = [loss_lines(r.stdout) for r in runs]
     assert len(losses[0]) == 4                                     # steps 5, 10, 15, 20
     assert losses[0] == losses[1]
+
+
+@pytest.mark.timeout(4 * TIMEOUT)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_overlap_on_and_off_save_bitwise_identical_weights(stage, tmp_path):
+    """The communication thread changes when collectives run, never what they compute
+    (tests/mpi/test_overlap.py checks it for every N, dtype and setting; this is the command line)."""
+    flags = ["--stage", stage, "--steps", 6, "--hidden", "16,9", "--batch-size", 24, "--grad-accum", 2,
+             "--log-every", 0, "--report", "none", "--bucket-mb", 0]
+    train_ok(3, *flags, "--overlap", "off", "--save-weights", "off.npz", cwd=tmp_path)
+    train_ok(3, *flags, "--overlap", "on", "--prefetch", 2, "--save-weights", "on.npz", cwd=tmp_path)
+    off, on = load_weights(tmp_path / "off.npz"), load_weights(tmp_path / "on.npz")
+    assert sorted(off) == sorted(on)
+    for name in off:
+        assert np.array_equal(off[name], on[name]), name
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,10 +17,17 @@ that holds master, m and v for its owned range only, and the reduced gradient fo
 computes exactly the update that single-process Adam computes for those elements.
 
 The update runs in place over chunks of CHUNK elements with preallocated scratch of that size,
-so it allocates nothing per step and keeps each chunk in cache across its passes. A full-precision
-gradient is unscaled or clipped in place (it is not needed afterwards); a 16-bit one is widened
-into a second chunk-sized scratch. On a GPU the whole update is one fused kernel
-(zerompi/gpu_kernels.py): one read of g, p, m, v and one write of p, m, v, and no scratch.
+so it allocates nothing per step and keeps each chunk in cache across its passes (a chunk's p, g,
+m, v and scratch: 5 x 256 KiB in float32, inside a 2 MiB L2). A full-precision gradient is
+unscaled or clipped in place (it is not needed afterwards); a 16-bit one is widened into a second
+chunk-sized scratch. The last line is computed in the equivalent form
+
+    p = p - (lr sqrt(1 - beta2^t) / (1 - beta1^t)) * m / (sqrt(v) + eps sqrt(1 - beta2^t))
+
+(the denominator multiplied through by sqrt(1 - beta2^t)), one pass fewer per chunk; the decay
+pass is skipped when weight decay is 0. What is left is 11-12 NumPy passes per chunk, through cache.
+On a GPU the whole update is one fused kernel (zerompi/gpu_kernels.py): one read of g, p, m,
+v and one write of p, m, v, and no scratch.
 """
 import math
 from dataclasses import dataclass
@@ -29,7 +36,7 @@ import numpy as np
 
 from . import gpu_kernels
 
-CHUNK = 32768
+CHUNK = 65536
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class AdamW:
         decay = 1.0 - lr * c.weight_decay
         step_size = lr / (1.0 - c.beta1 ** self.t)
         sqrt_bias2 = math.sqrt(1.0 - c.beta2 ** self.t)
+        eps_scaled, step_scaled = c.eps * sqrt_bias2, step_size * sqrt_bias2
         master = param if self.master is None else self.master[state_slice]
         m, v = self.m[state_slice], self.v[state_slice]
         if not isinstance(param, np.ndarray):        # a GPU: the same math in one fused kernel
@@ -80,7 +88,8 @@ class AdamW:
                 g = np.multiply(g, grad_multiplier, out=self.grad_scratch[:hi - lo], dtype=p.dtype)
             elif grad_multiplier != 1.0:
                 g *= grad_multiplier                 # in place: the gradient is not needed after this
-            p *= decay                          # p = p (1 - lr wd)
+            if decay != 1.0:
+                p *= decay                      # p = p (1 - lr wd)
             m_c *= c.beta1
             np.multiply(g, 1.0 - c.beta1, out=s)
             m_c += s                            # m = b1 m + (1 - b1) g
@@ -89,10 +98,9 @@ class AdamW:
             s *= 1.0 - c.beta2
             v_c += s                            # v = b2 v + (1 - b2) g^2
             np.sqrt(v_c, out=s)
-            s /= sqrt_bias2
-            s += c.eps                          # denom = sqrt(v) / sqrt(1 - b2^t) + eps
+            s += eps_scaled                     # denom = sqrt(v) + eps sqrt(1 - b2^t)
             np.divide(m_c, s, out=s)
-            s *= step_size
-            p -= s                              # p = p - lr / (1 - b1^t) * m / denom
+            s *= step_scaled
+            p -= s                              # p = p - lr sqrt(1 - b2^t) / (1 - b1^t) * m / denom
             if self.master is not None:
                 param[lo:hi] = p                # round the fp32 master into the 16-bit parameters

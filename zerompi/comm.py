@@ -47,6 +47,7 @@ Guards, off unless `guard` turns them on (`_begin` runs before every collective,
 ends the job when a collective waits too long (zerompi/watchdog.py).
 """
 import atexit
+import copy
 import os
 import sys
 import time
@@ -144,6 +145,7 @@ class Communicator:
         if self.stages_through_host:
             self.host_staging = self.device.pinned_bytes(max_bytes)
             memory.record("work", "comm.host_staging (pinned host)", self.host_staging)
+            self.staging_memory = memory             # duplicate() ledgers its own there
 
     def _record(self, op, purpose, wire_buffer, start):
         self._end()
@@ -292,6 +294,28 @@ class Communicator:
 
     def barrier(self):
         self.mpi.Barrier()
+
+    def duplicate(self):
+        """A Communicator on a duplicate of this MPI communicator (MPI_Comm_dup) that shares this
+        one's ledger and staging buffers: for the communication thread (zerompi/overlap.py), whose
+        collectives must never interleave with this thread's on one communicator. The pinned host
+        staging and the guards are its own: both threads may be in a collective at the same moment."""
+        twin = copy.copy(self)
+        twin.mpi = self.mpi.Dup()
+        twin.check = twin.watchdog = None
+        twin.guard(self.check is not None, self.watchdog.limit if self.watchdog is not None else 0)
+        if self.host_staging is not None:
+            twin.host_staging = self.device.pinned_bytes(self.host_staging.nbytes)
+            self.staging_memory.record("work", "comm.host_staging (pinned host, thread)", twin.host_staging)
+        return twin
+
+    @staticmethod
+    def thread_level_error():
+        """Why a communication thread cannot be used, or None (it needs MPI_THREAD_MULTIPLE)."""
+        if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+            return None
+        return (f"--overlap on needs MPI_THREAD_MULTIPLE, but MPI was initialized with thread level "
+                f"{MPI.Query_thread()}: use --overlap off")
 
     def ranks_on_this_node(self):
         """How many ranks share this node (and its cores)."""

@@ -56,6 +56,10 @@ class TrainConfig:
     trace: str = ""                 # write a Chrome trace of every rank's spans here (zerompi/trace.py)
     check_collectives: bool = False # exchange a header before each collective; stop on a disagreement
     collective_timeout: float = 600.0   # end the job when a collective waits longer (seconds; 0: never)
+    overlap: str = "off"            # on: collectives run on a communication thread, overlapping compute
+    #                                 (off by default: measured slower with one rank per core, README)
+    bucket_mb: float = 4.0          # stages 0-1: gradients start reducing in buckets of >= this many MB
+    prefetch: int = 1               # stage 3: units whose all-gather starts ahead of their use
 
 
 class ArgumentError(Exception):
@@ -164,6 +168,14 @@ def build_parser(rank=0):
     p.add_argument("--deepspeed-config", default="", metavar="FILE",
                    help="read a DeepSpeed JSON config (zero_optimization.stage, batch sizes, fp16/bf16, "
                         "optimizer, gradient_clipping, scheduler); flags on the command line win")
+    p.add_argument("--overlap", default=d.overlap, metavar="{on,off}",
+                   help="on: run the collectives on a communication thread while backward and forward "
+                        "compute (the results are bitwise the same either way)")
+    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
+                   help="stages 0-1: start reducing gradients a bucket of consecutive layers of at least "
+                        "this many MB at a time (0: every layer)")
+    p.add_argument("--prefetch", type=int, default=d.prefetch,
+                   help="stage 3, --overlap on: all-gather this many layers ahead (one layer buffer each)")
     return p
 
 
@@ -228,6 +240,12 @@ def check_config(cfg, num_ranks):
         return "--comm nccl needs --device gpu (NCCL moves GPU memory only)"
     if cfg.progress not in ("auto", "live", "lines"):
         return f"unknown --progress {cfg.progress!r}: choose auto, live or lines"
+    if cfg.overlap not in ("on", "off"):
+        return f"unknown --overlap {cfg.overlap!r}: choose on or off"
+    if not (math.isfinite(cfg.bucket_mb) and cfg.bucket_mb >= 0):
+        return f"--bucket-mb must be a finite number >= 0, got {cfg.bucket_mb}"
+    if cfg.prefetch < 0:
+        return f"--prefetch must be >= 0, got {cfg.prefetch}"
     for name in ("batch_size", "steps", "grad_accum", "loss_scale_window"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"

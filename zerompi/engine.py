@@ -12,6 +12,7 @@ from .comm import Communicator
 from .layout import Layout
 from .ledger import MemoryLedger
 from .model import MLP, init_unit_values
+from .overlap import OverlapConfig
 from .stages import STAGES
 
 
@@ -29,10 +30,11 @@ class Engine:
             self.zero.set_unit_params(unit, init_unit_values(unit, seed))
 
 
-def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None, micro_batches=1):
+def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None, micro_batches=1,
+                 overlap=OverlapConfig()):
     comm = comm if comm is not None else Communicator()
     layout = Layout(sizes, comm.size)
     memory = MemoryLedger(comm.device)
-    zero = STAGES[stage](layout, comm, memory, precision, adam_config, micro_batches)
+    zero = STAGES[stage](layout, comm, memory, precision, adam_config, micro_batches, overlap)
     mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
     return Engine(layout, comm, memory, zero, mlp)

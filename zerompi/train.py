@@ -41,6 +41,7 @@ from .engine import build_engine
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler
 from .metrics import MetricsLog
+from .overlap import OverlapConfig
 from .precision import precision_for
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
@@ -121,7 +122,9 @@ def run(cfg, comm, out, preemption):
     K = cfg.grad_accum
     rows = cfg.batch_size // (comm.size * K)                 # this rank's rows of one micro-batch
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
-    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, K)
+    overlap = OverlapConfig(cfg.overlap == "on", cfg.bucket_mb, cfg.prefetch)
+    comm.check_all(comm.thread_level_error() if overlap.enabled else None)
+    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, K, overlap)
     comm.check_all(check_writable(cfg.save_weights) if cfg.save_weights and comm.rank == 0 else None)
     for path, what in ((cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
@@ -197,6 +200,7 @@ def run(cfg, comm, out, preemption):
             comm.print0(f"step {done}: signalled: checkpoint written to {cfg.save_dir}; exiting with status "
                         f"{PREEMPTED} (continue with --resume)", file=out)
             raise SystemExit(PREEMPTED)
+    engine.zero.finish_communication()                      # the last step's all-gathers
     steps_run = cfg.steps - first_step
     train_seconds = time.perf_counter() - start
     if status is not None:

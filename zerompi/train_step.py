@@ -4,7 +4,7 @@
         for unit in units:            zero.before_forward  -> forward  -> zero.after_forward
         loss, d_logits = softmax cross-entropy (divided by the GLOBAL batch, times the loss scale)
         for unit in reversed(units):  zero.before_backward -> backward -> zero.after_backward
-    zero.reduce_grads()                                   stages 0-1 (2-3 reduced during backward)
+    zero.reduce_grads()                                   wait for the reductions backward started
     one all-reduce of (each unit's sum of squares of its owned gradient, loss, correct):
         grad_norm = sqrt(sum over units and ranks) / loss scale   every element counted once, on its owner
     if grad_norm or loss is not finite: skip the step     every rank sees the same sums: all agree,
@@ -74,8 +74,9 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
     """One optimizer step over micro_batches [(x, labels), ...] (this rank's rows of each)."""
     loss_part = correct = 0.0           # scalars where the arrays live: on a GPU, nothing waits for them
     with np.errstate(over="ignore", invalid="ignore"):   # an inf/NaN is detected below, not warned about
+        micro_batches = list(micro_batches)
         for k, (x, labels) in enumerate(micro_batches):
-            zero.start_micro_batch(first=k == 0)
+            zero.start_micro_batch(first=k == 0, last=k == len(micro_batches) - 1)
             micro_loss, micro_correct = forward_backward(zero, mlp, x, labels, global_batch, loss_scale)
             loss_part = loss_part + micro_loss
             correct = correct + micro_correct

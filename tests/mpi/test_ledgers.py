@@ -14,6 +14,7 @@ from helpers import make_batches, train_zero
 from zerompi.adam import CHUNK
 from zerompi.comm import Communicator
 from zerompi.memory import BytesPerParam, comm_elements_per_step, model_state_bytes
+from zerompi.overlap import OverlapConfig
 
 SIZES = [13, 37, 53, 7]
 STEPS = 2
@@ -43,26 +44,38 @@ class CountingComm:
         self._count("Allgather", recv)
         return self.real.Allgather(send, recv)
 
+    def Dup(self):
+        """The communication thread's duplicate (zerompi/overlap.py) counts into the same tallies."""
+        dup = CountingComm(self.real.Dup())
+        dup.calls, dup.elements = self.calls, self.elements
+        return dup
+
     def __getattr__(self, name):
         return getattr(self.real, name)
 
 
-def run(stage, dtype=np.float64):
+def run(stage, dtype=np.float64, overlap=OverlapConfig()):
     proxy = CountingComm(MPI.COMM_WORLD)
-    engine, _ = train_zero(stage, SIZES, dtype, make_batches(SIZES, STEPS), comm=Communicator(proxy))
+    engine, _ = train_zero(stage, SIZES, dtype, make_batches(SIZES, STEPS), comm=Communicator(proxy),
+                           overlap=overlap)
+    engine.zero.finish_communication()       # the last step's all-gathers may still be in flight
     return engine, proxy
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("overlap", [OverlapConfig(enabled=True, prefetch=2), OverlapConfig(enabled=False, bucket_mb=0)],
+                         ids=["on-prefetch-2", "off-bucket-per-unit"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_comm_ledger_matches_mpi_calls_and_formula(stage):
-    engine, proxy = run(stage)
+def test_comm_ledger_matches_mpi_calls_and_formula(stage, overlap):
+    engine, proxy = run(stage, overlap=overlap)
     n, layout, ledger = engine.comm.size, engine.layout, engine.comm.ledger
     units = len(layout.units)
     ring = (n - 1) / n
     # 1. the ledger agrees with what MPI was handed
     # per step: the stage's collectives, plus one all-reduce of (each unit's norm^2, loss, correct)
-    expected_calls = {0: {"Allreduce": units + 1},
+    # (stage 0: one all-reduce per bucket of units: one bucket by default, one per unit at 0 MB)
+    assert len(engine.zero.buckets) == (1 if overlap.bucket_mb > 0 else units)
+    expected_calls = {0: {"Allreduce": len(engine.zero.buckets) + 1},
                       1: {"Reduce_scatter_block": units, "Allgather": units, "Allreduce": 1},
                       2: {"Reduce_scatter_block": units, "Allgather": units, "Allreduce": 1},
                       3: {"Reduce_scatter_block": units, "Allgather": 2 * units, "Allreduce": 1}}[stage]

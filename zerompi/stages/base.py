@@ -2,14 +2,14 @@
 
 The training step (zerompi/train_step.py) calls, per micro-batch and per unit (one linear layer):
 
-    zero.start_micro_batch(first)
+    zero.start_micro_batch(first, last)
     weight, bias = zero.before_forward(unit)          ...forward...    zero.after_forward(unit)
     weight, bias, dweight, dbias, accumulate = zero.before_backward(unit)
                                                       ...backward...   zero.after_backward(unit)
 
 and then, once per optimizer step:
 
-    zero.reduce_grads()         finish the gradient reduction (stages 0-1; stages 2-3 did it in backward)
+    zero.reduce_grads()         wait for the gradient reductions that backward started
     zero.grad_partition()       the reduced gradient, each element on exactly one rank (global norm)
     zero.update(lr, multiplier) Adam on what this rank owns
     zero.gather_params()        bring every rank's updated parameters to all ranks (stages 1-2)
@@ -22,37 +22,69 @@ Stage2 extends Stage1, Stage3 extends Stage2, each overriding only what changes.
 constructor lists all the buffers that stage holds (so it calls ZeroStage.__init__, not its
 parent's constructor, which would allocate the parent's buffers).
 
+Collectives go through `self.queue` (zerompi/overlap.py): with overlap on they run on a
+communication thread while the main thread computes, and a stage waits for a call's ticket before
+it reads or reuses the call's buffers. Anything that reads or writes the parameters from outside
+the step (checkpoints, weight files) first finishes all communication in flight.
+
 Stages 0, 1 and 2 keep the full parameters on every rank, in one flat buffer `param_full`
 (Psi_pad elements, see zerompi/layout.py); the methods below serve them. Stage 3 keeps only its
 shard and overrides them.
 """
 import numpy as np
 
+from ..overlap import CommQueue, OverlapConfig, gradient_buckets
+
 
 class ZeroStage:
     stage = None
 
-    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1,
+                 overlap=OverlapConfig()):
         self.layout = layout          # where every unit lives in the flat buffers
         self.comm = comm              # the ledgered communicator
         self.memory = memory          # the memory ledger every buffer is allocated from
         self.precision = precision    # storage dtype of params and grads, compute dtype
-        self.first_micro_batch = True
+        self.overlap = overlap        # communication thread on/off, bucket size, prefetch depth
+        self.first_micro_batch = self.last_micro_batch = True
+        self.param_tickets = {}       # unit index -> ticket of the all-gather bringing its params
+        # stages 0-1: gradients handed to communication a bucket (consecutive units) at a time
+        self.buckets = gradient_buckets(layout.units, np.dtype(precision.storage).itemsize,
+                                        overlap.bucket_mb)
+        self.bucket_ending_at = {bucket[-1].index: bucket for bucket in self.buckets}
         # the communicator needs staging to reduce 16-bit buffers, to add each micro-batch's
         # reduce-scatter into the gradient shard (stages 2-3), and on a GPU (no in-place
         # reduce-scatter on device memory, see comm.py); otherwise it reduces in place
         if precision.mixed or (micro_batches > 1 and self.stage >= 2) or comm.device.is_gpu:
-            comm.reserve_staging(memory, layout.max_unit_padded, precision.compute)
+            comm.reserve_staging(memory, self.largest_reduction(), precision.compute)
         # the step's (each unit's gradient sum of squares, loss, correct), all-reduced together (train_step.py)
         self.step_sums = memory.alloc("work", "step_sums", (len(layout.units) + 2,), np.float64)
-        # every collective on training buffers moves at most one unit (reductions in the compute
-        # dtype), or the step's sums
-        comm.reserve_host_staging(memory, max(layout.max_unit_padded * precision.compute.itemsize,
+        # every collective on training buffers moves at most the largest reduction (in the
+        # compute dtype), or the step's sums
+        comm.reserve_host_staging(memory, max(self.largest_reduction() * precision.compute.itemsize,
                                               self.step_sums.nbytes))
+        self.queue = CommQueue(comm, overlap.enabled)    # after the staging: its thread shares it
+
+    def alloc_unit_buffers(self, name, count):
+        """count one-unit work buffers in the storage dtype, ledgered as name, name.2, name.3, ..."""
+        return [self.memory.alloc("work", name + ("" if i == 0 else f".{i + 1}"),
+                                  (self.layout.max_unit_padded,), self.precision.storage)
+                for i in range(count)]
+
+    def largest_reduction(self):
+        """Elements of the largest buffer reduced in one call: one unit (stage 0 overrides)."""
+        return self.layout.max_unit_padded
+
+    def finish_communication(self):
+        """Wait for every collective in flight (before the parameters are read or written from
+        outside the training step, and before Adam)."""
+        self.queue.wait_all()
+        self.param_tickets.clear()
 
     # ---- parameters (replicated in stages 0-2)
     def store_unit_params(self, unit, values):
         """Write the unit's real elements, values (numel,), the same on every rank."""
+        self.finish_communication()
         self.param_full[unit.full_offset:unit.full_offset + unit.numel] = values
 
     def set_unit_params(self, unit, values):
@@ -68,19 +100,27 @@ class ZeroStage:
 
     def held_params(self, unit):
         """(the unit's parameters this rank holds, (lo, hi): which elements of the unit they are)."""
+        self.finish_communication()
         return self.param_full[self.layout.full_slice(unit)], (0, unit.padded)
 
     def full_unit_params(self, unit):
         """The unit's full flat parameters (padded,). Collective in stage 3: call on every rank."""
+        self.finish_communication()
         return self.param_full[self.layout.full_slice(unit)]
 
     # ---- the hooks of forward and backward
-    def start_micro_batch(self, first):
-        """first: the step's first micro-batch overwrites gradients, later ones add to them."""
-        self.first_micro_batch = first
+    def start_micro_batch(self, first, last=True):
+        """first: the step's first micro-batch overwrites gradients, later ones add to them;
+        last: stages 0-1 reduce the gradients during the last micro-batch's backward."""
+        self.first_micro_batch, self.last_micro_batch = first, last
 
     def before_forward(self, unit):
+        self.queue.wait(self.param_tickets.pop(unit.index, None))   # its all-gather (stages 1-2)
         return unit.views(self.param_full[self.layout.full_slice(unit)])
+
+    def params_for_backward(self, unit):
+        """(weight, bias) for the unit's backward: the same as its forward's (stage 3 overrides)."""
+        return self.before_forward(unit)
 
     def after_forward(self, unit):
         """Nothing to release by default."""
@@ -90,13 +130,15 @@ class ZeroStage:
 
     # ---- the optimizer step
     def reduce_grads(self):
-        """Nothing left to reduce by default."""
+        """Wait for the gradient reductions that backward started."""
+        self.queue.wait_all()
 
     def grad_partition(self):
         """The reduced gradient, each element on exactly one rank: what this rank owns."""
         return [self.owned(unit)[1] for unit in self.layout.units]
 
     def update(self, lr, grad_multiplier):
+        self.finish_communication()
         self.adam.begin_step()
         tracer = self.comm.tracer                 # None unless --trace (zerompi/trace.py)
         for unit in self.layout.units:

@@ -1,14 +1,19 @@
 """Stage 0: plain data parallelism, the baseline ZeRO improves on.
 
-Every rank holds everything; after backward an all-reduce per unit sums the gradients.
+Every rank holds everything; an all-reduce per bucket (consecutive units, --bucket-mb) sums the
+gradients, started as soon as backward has produced the bucket's last unit.
 
     per rank:  params  [################]  Psi
                grads   [################]  Psi
                Adam    [################]  Psi each for m, v (and the fp32 master in mixed precision)
 
-    timeline:  forward (all units) -> backward (all units, grads into grad_full)
-               -> all-reduce grad_full, unit by unit (sum over ranks)
-               -> Adam on everything, on every rank
+    timeline:  forward (all units) -> backward, last unit first, grads into grad_full
+                                         -> each bucket done: all-reduce it (sum over ranks),
+                                            on the communication thread while backward goes on
+               -> wait for the all-reduces -> Adam on everything, on every rank
+
+A bucket is contiguous in grad_full, so one all-reduce covers it. With --grad-accum K the
+micro-batches add up in grad_full and only the last one's backward starts the all-reduces.
 
 The loss gradient is already divided by the global batch (zerompi/layers.py), so the summed
 gradient is the global mean gradient. Every rank then performs the same Adam update on the same
@@ -16,14 +21,16 @@ numbers: N copies of identical work and identical memory. That redundancy is wha
 Communication per rank: all-reduce of Psi elements = 2 Psi (N-1)/N.
 """
 from ..adam import AdamW
+from ..overlap import OverlapConfig
 from .base import ZeroStage
 
 
 class Stage0(ZeroStage):
     stage = 0
 
-    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
-        super().__init__(layout, comm, memory, precision, adam_config, micro_batches)
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1,
+                 overlap=OverlapConfig()):
+        super().__init__(layout, comm, memory, precision, adam_config, micro_batches, overlap)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
@@ -40,10 +47,23 @@ class Stage0(ZeroStage):
         return [self.grad_full[self.layout.owned_slice(unit, self.comm.rank)] for unit in self.layout.units]
 
     def before_backward(self, unit):
-        weight, bias = self.before_forward(unit)
+        weight, bias = self.params_for_backward(unit)
         dweight, dbias = unit.views(self.grad_full[self.layout.full_slice(unit)])
         return weight, bias, dweight, dbias, not self.first_micro_batch   # accumulate after the first
 
-    def reduce_grads(self):
-        for unit in self.layout.units:                   # g = sum_r g_r
-            self.comm.allreduce_sum(self.grad_full[self.layout.full_slice(unit)], "grads")
+    def after_backward(self, unit):
+        if self.last_micro_batch and unit.index in self.bucket_ending_at:
+            self.reduce_bucket(self.bucket_ending_at[unit.index])
+
+    def largest_reduction(self):
+        return max(self.bucket_elements(bucket) for bucket in self.buckets)
+
+    def bucket_elements(self, bucket):
+        return sum(unit.padded for unit in bucket)
+
+    def reduce_bucket(self, bucket):
+        """g = sum_r g_r over the bucket's units, one all-reduce (backward order: bucket[-1] is
+        the unit with the lowest offset)."""
+        start = bucket[-1].full_offset
+        grads = self.grad_full[start:start + self.bucket_elements(bucket)]
+        self.queue.submit("allreduce_sum", grads, "grads")

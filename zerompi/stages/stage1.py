@@ -10,10 +10,17 @@ all-reduce), and afterwards every rank's updated range must be sent to every oth
                Adam    [    ####        ]  Psi / N    (owned range of each unit)
 
     timeline:  forward -> backward (all grads into grad_full; micro-batches add up in it)
-               -> per unit: reduce-scatter grad_full (in place: the owned, summed block lands at
-                  the front of the unit's grad buffer, which backward will overwrite next step)
-               -> Adam on the owned ranges
-               -> per unit: all-gather params (in place: the owned range is already in position)
+                          -> each bucket done (last micro-batch): per unit, reduce-scatter
+                             grad_full in place (the owned, summed block lands at the front of
+                             the unit's grad buffer, which backward will overwrite next step)
+               -> wait for them -> Adam on the owned ranges
+               -> per unit: all-gather params (in place: the owned range is already in position);
+                  the next forward waits for each unit's all-gather just before using it
+
+With overlap on, the reduce-scatters run while backward continues on earlier units, and the
+all-gathers while the next forward runs on the units already gathered. The shard layout is per
+unit, so a bucket of several units is still one reduce-scatter per unit; the bucket only decides
+when they start.
 
 reduce-scatter + all-gather move 2 Psi (N-1)/N per rank, the same as stage 0's all-reduce (which is
 itself a reduce-scatter followed by an all-gather). One of the source articles describes stage 1
@@ -23,6 +30,7 @@ What separates stage 1 from stage 2 is not the collective: here the full-size gr
 outlives backward (it is reduced only after all of backward); in stage 2 it does not exist.
 """
 from ..adam import AdamW
+from ..overlap import OverlapConfig
 from .base import ZeroStage
 from .stage0 import Stage0
 
@@ -32,8 +40,9 @@ class Stage1(Stage0):
 
     stage = 1
 
-    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
-        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches)
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1,
+                 overlap=OverlapConfig()):
+        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches, overlap)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
@@ -50,12 +59,15 @@ class Stage1(Stage0):
     # base class's grad_partition, the owned gradients, serves the global norm again.
     grad_partition = ZeroStage.grad_partition
 
-    def reduce_grads(self):
-        for unit in self.layout.units:                   # g[owned] = sum_r g_r[owned]
+    largest_reduction = ZeroStage.largest_reduction  # one unit per call again
+
+    def reduce_bucket(self, bucket):
+        for unit in bucket:                              # g[owned] = sum_r g_r[owned]
             grad = self.grad_full[self.layout.full_slice(unit)]
             grad[unit.numel:] = 0                        # padding: the last in-place reduce left garbage there
-            self.comm.reduce_scatter_sum_in_place(grad, "grads")
+            self.queue.submit("reduce_scatter_sum_in_place", grad, "grads")
 
     def gather_params(self):
         for unit in self.layout.units:                   # p = concat_r p[owned by r]
-            self.comm.allgather_in_place(self.param_full[self.layout.full_slice(unit)], "params")
+            self.param_tickets[unit.index] = self.queue.submit(
+                "allgather_in_place", self.param_full[self.layout.full_slice(unit)], "params")

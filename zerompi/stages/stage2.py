@@ -4,12 +4,16 @@ Backward produces one unit's gradients at a time. Stage 2 reduce-scatters each u
 as soon as backward has produced them, keeps only the owned, summed block, and reuses the same
 one-unit buffer (`grad_bucket`) for the next unit. A full-size gradient buffer never exists; with
 several micro-batches per step, each one's reduced block is added into the gradient shard.
+With overlap on there are two one-unit buffers, used in turn: backward writes unit u-1's gradients
+into one while the communication thread reduce-scatters unit u's from the other (backward waits
+only if that reduce-scatter is still running when it needs the buffer again).
 
     per rank (N = 4, rank 1):
                params       [################]  Psi
                grads        [    ####        ]  Psi / N   (grad_shard: owned range of each unit)
                Adam         [    ####        ]  Psi / N
-               grad_bucket  [#####]              one unit, reused (ledgered as work memory)
+               grad_bucket  [#####]              one unit, reused (ledgered as work memory;
+                                                 two of them with overlap on)
 
     timeline:  forward
                -> backward, last unit first: unit u's grads into grad_bucket
@@ -19,9 +23,10 @@ several micro-batches per step, each one's reduced block is added into the gradi
 
 Communication per rank: the same 2 Psi (N-1)/N as stages 0 and 1 (times the micro-batches for the
 gradients: the price of not keeping a full gradient between them); only its timing moved into
-backward, where a later version can overlap it with the backward of earlier units.
+backward, where it overlaps with the backward of earlier units.
 """
 from ..adam import AdamW
+from ..overlap import OverlapConfig
 from .base import ZeroStage
 from .stage1 import Stage1
 
@@ -31,13 +36,21 @@ class Stage2(Stage1):
 
     stage = 2
 
-    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1):
-        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches)
+    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1,
+                 overlap=OverlapConfig()):
+        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches, overlap)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
-        self.grad_bucket = memory.alloc("work", "grad_bucket", (layout.max_unit_padded,), dtype)
+        self.alloc_grad_buckets()
         self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)
+
+    def alloc_grad_buckets(self):
+        """One one-unit gradient buffer, two with overlap on (see the module docstring)."""
+        count = 2 if self.overlap.enabled else 1
+        self.grad_buckets = self.alloc_unit_buffers("grad_bucket", count)
+        self.bucket_tickets = [None] * count   # the reduce-scatter that last read each buffer
+        self.bucket_in_use = 0                 # the buffer that the current unit's backward writes
 
     def owned(self, unit):
         rank, shard = self.comm.rank, self.layout.shard_slice(unit)
@@ -45,16 +58,15 @@ class Stage2(Stage1):
                 unit.owned_range(rank))
 
     def before_backward(self, unit):
-        weight, bias = self.before_forward(unit)
-        bucket = self.grad_bucket[:unit.padded]
+        weight, bias = self.params_for_backward(unit)
+        self.bucket_in_use = (self.bucket_in_use + 1) % len(self.grad_buckets)
+        self.queue.wait(self.bucket_tickets[self.bucket_in_use])   # its last reduce-scatter is done
+        bucket = self.grad_buckets[self.bucket_in_use][:unit.padded]
         bucket[unit.numel:] = 0                      # padding: zero, whatever a larger unit left
         dweight, dbias = unit.views(bucket)
         return weight, bias, dweight, dbias, False  # the bucket is always written afresh
 
     def after_backward(self, unit):
-        self.comm.reduce_scatter_sum(self.grad_bucket[:unit.padded],
-                                     self.grad_shard[self.layout.shard_slice(unit)], "grads",
-                                     accumulate=not self.first_micro_batch)
-
-    def reduce_grads(self):
-        """Nothing left: every unit was reduce-scattered as soon as backward produced it."""
+        self.bucket_tickets[self.bucket_in_use] = self.queue.submit(
+            "reduce_scatter_sum", self.grad_buckets[self.bucket_in_use][:unit.padded],
+            self.grad_shard[self.layout.shard_slice(unit)], "grads", accumulate=not self.first_micro_batch)
