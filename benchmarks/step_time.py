@@ -296,8 +296,8 @@ def print_table(out, num_params):
         print(f"    {how:>8} calls: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in c.items()))
     print(f"  training FLOPs per rank and step: {out['flops_per_rank_step'] / 1e9:.2f} GFLOP")
     peers = {name: p for name, p in out["peers"].items() if name != "error" and "error" not in p}
-    print(f"\nstage overlap  step ms  exposed  busy ms  adam ms | floor: compute  optim   comm  total | "
-          f"ratio | ledger MB" + "".join(f" | /{name}" for name in peers))
+    print("\nstage overlap  step ms  exposed  busy ms  adam ms | floor: compute  optim   comm  total | "
+          "ratio | ledger MB" + "".join(f" | /{name}" for name in peers))
     for row, r in out["stages"].items():
         stage, overlap = row.split()
         f = r["floor"]
