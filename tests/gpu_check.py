@@ -7,7 +7,8 @@ about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying w
        --device cpu (to 1e-10 relative), through the pinned-host staging path
        (ZEROMPI_CUDA_AWARE=0) and, where the MPI is CUDA-aware, through the direct path too;
        float32 (with gradient accumulation too), fp16 and bf16 runs must track the CPU's
-       weights; --comm nccl on one rank (NCCL wants a GPU per rank) must match in float64
+       weights; --overlap on (collectives from the communication thread) and --comm nccl on one
+       rank (NCCL wants a GPU per rank) must match in float64
     3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32 and fp16: the
        step's TFLOP/s (6 flops per weight per row: forward 2, backward 4) beside the GPU's GEMM
        rate at the step's largest GEMM shape and at 8192^3, measured in the same run
@@ -65,6 +66,13 @@ def correctness(cuda_aware, folder, report):
                 ok &= passed
                 report(f"  stage {stage}  N={n}  {name:>6}  float64  max rel diff {diff:.1e}  "
                        f"{'ok' if passed else 'FAILED (limit 1e-10)'}")
+    for stage in (1, 3):                             # collectives from the communication thread
+        cpu, _ = train(2, "cpu", "float64", stage, folder)
+        gpu, _ = train(2, "gpu", "float64", stage, folder, {"ZEROMPI_CUDA_AWARE": "0"}, ("--overlap", "on"))
+        diff = relative_difference(gpu, cpu)
+        ok &= diff <= 1e-10
+        report(f"  stage {stage}  N=2  staged  float64 --overlap on  max rel diff {diff:.1e}  "
+               f"{'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
     tracked = [("float32", 3, (), 1e-3), ("float32", 2, ("--grad-accum", "2"), 1e-3),
                ("fp16", 3, (), 5e-2), ("bf16", 1, (), 5e-2)]
     for dtype, stage, extra, limit in tracked:

@@ -6,7 +6,7 @@ MPI still starts the job and bootstraps NCCL:
     all ranks:  MPI broadcast of uid from rank 0
     all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/device.py)
 
-Then the three transport methods run on NCCL, on the current CUDA stream, reading and writing
+Then the three transport methods run on NCCL, on CuPy's default stream, reading and writing
 device memory directly (no host staging, no MPI). Everything else stays with the parent class:
 widening 16-bit reductions to float32, gradient accumulation, the ledger, and every control and
 bookkeeping message (errors, checkpoint manifests, the report) on MPI. Host arrays (the held-out
@@ -17,7 +17,7 @@ In-place forms differ from MPI's, so each is spelled out:
                              copied to the front after
     all-gather in place:     NCCL reads rank r's block at block r, as MPI does
 
-NCCL calls are asynchronous; each one waits for its stream before returning, so that the
+NCCL calls are asynchronous; each one waits for the device before returning, so that the
 ledger's seconds are the collective's real duration (CUDA events could time it without waiting:
 not done here).
 """
@@ -44,7 +44,9 @@ class NcclCommunicator(Communicator):
                 np.dtype(np.float64): self.nccl_module.NCCL_FLOAT64}[array.dtype]
 
     def _stream(self):
-        return self.device.xp.cuda.get_current_stream()
+        """CuPy's default (null) stream, where zerompi's kernels run: the same from any host thread
+        (the communication thread of --overlap on included; NCCL selects the device itself)."""
+        return self.device.xp.cuda.Stream.null
 
     def _sum_all(self, buf):
         if not self.device.holds(buf):
@@ -52,7 +54,7 @@ class NcclCommunicator(Communicator):
         stream = self._stream()
         self.nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._nccl_type(buf),
                             self.nccl_module.NCCL_SUM, stream.ptr)
-        stream.synchronize()
+        self.device.synchronize()
 
     def _sum_scatter(self, send, recv):
         if not self.device.holds(send):
@@ -63,7 +65,7 @@ class NcclCommunicator(Communicator):
                                 self.nccl_module.NCCL_SUM, stream.ptr)
         if recv is None and self.rank > 0:
             send[:m] = out                                 # to the front, as MPI leaves it
-        stream.synchronize()
+        self.device.synchronize()
 
     def _gather_all(self, full, shard):
         if not self.device.holds(full):
@@ -73,4 +75,4 @@ class NcclCommunicator(Communicator):
         # bytes: 16-bit words and floats alike (a gather only copies)
         self.nccl.allGather(source.data.ptr, full.data.ptr, source.nbytes, self.nccl_module.NCCL_UINT8,
                             stream.ptr)
-        stream.synchronize()
+        self.device.synchronize()

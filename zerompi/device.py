@@ -78,6 +78,9 @@ class CPU:
     def synchronize(self):
         """Nothing runs asynchronously on the CPU."""
 
+    def make_current(self):
+        """Make this device the current one of the calling host thread (nothing to do on the CPU)."""
+
     def pinned_bytes(self, nbytes):
         """A host byte buffer for staging (page-locked on a GPU device; plain memory here)."""
         return np.zeros(nbytes, dtype=np.uint8)
@@ -90,8 +93,10 @@ class CPU:
 
 
 class GPU(CPU):
-    """CuPy arrays on one CUDA device. Kernels run on the current stream (CuPy's default);
-    `synchronize` waits for it, which comm.py does before handing device memory to MPI."""
+    """CuPy arrays on one CUDA device. Kernels run on CuPy's default stream; `synchronize` waits
+    for everything queued on this device (not "the current stream": the current device and stream
+    are per host thread, and with --overlap on the communication thread is the one that asks),
+    which comm.py does before handing device memory to MPI."""
 
     is_gpu = True
 
@@ -99,7 +104,7 @@ class GPU(CPU):
         self.xp = cupy
         self.index, self.count = index, count
         self.name = f"gpu {index} of {count} ({cupy.cuda.runtime.getDeviceProperties(index)['name'].decode()})"
-        cupy.cuda.Device(index).use()
+        self.make_current()
 
     def zeros(self, shape, dtype):
         return self.xp.zeros(shape, dtype=dtype)
@@ -111,7 +116,10 @@ class GPU(CPU):
         return self.xp.asarray(host_array)
 
     def synchronize(self):
-        self.xp.cuda.get_current_stream().synchronize()
+        self.xp.cuda.Device(self.index).synchronize()
+
+    def make_current(self):
+        self.xp.cuda.Device(self.index).use()
 
     def pinned_bytes(self, nbytes):
         memory = self.xp.cuda.alloc_pinned_memory(max(nbytes, 1))

@@ -88,6 +88,7 @@ class CommQueue:
         self.wait(self.submitted - 1)
 
     def _run(self):
+        self.comm.device.make_current()             # a GPU is current per host thread (CUDA)
         while True:
             with self.changed:
                 while not self.pending:
