@@ -6,6 +6,7 @@ zerompi/comm.py take its GPU code paths with real MPI collectives on host memory
   memory copies to and from the pinned buffer, which is ledgered; nothing device-held reaches MPI.
 - direct (CUDA-aware): the same weights, no staging buffer, and the stream is synchronized before
   every collective on device memory.
+- with --overlap on, the communication thread stages through its own pinned buffer: the same weights.
 """
 import numpy as np
 import pytest
@@ -13,16 +14,17 @@ import pytest
 from device_stand_in import StandInGPU
 from helpers import consolidated, make_batches, train_zero
 from zerompi.comm import Communicator
+from zerompi.overlap import OverlapConfig
 
 SIZES = [13, 37, 53, 7]
 CASES = [(stage, dtype, k) for stage in (0, 1, 2, 3) for dtype, k in (("float32", 1), ("float32", 2), ("bfloat16", 2))]
 
 
-def train(stage, dtype, k, device=None, cuda_aware=None):
+def train(stage, dtype, k, device=None, cuda_aware=None, overlap=OverlapConfig()):
     batches = make_batches(SIZES, 2, rows=48)          # 48 rows: K = 2 micro-batches on N = 1, 2, 3, 4, 8
     comm = Communicator(device=device, mpi_reads_device_memory=cuda_aware)
     engine, results = train_zero(stage, SIZES, np.dtype(dtype) if dtype != "bfloat16" else _bf16(), batches,
-                                 comm=comm, micro_batches=k)
+                                 comm=comm, micro_batches=k, overlap=overlap)
     return engine, results, consolidated(engine)
 
 
@@ -52,8 +54,8 @@ def test_staged_collectives_match_the_cpu_bitwise(stage, dtype, k):
     assert_same(weights, cpu_weights)
     assert [r.loss for r in results] == [r.loss for r in cpu_results]
     assert engine.comm.stages_through_host and engine.comm.host_staging is not None
-    unit_bytes = engine.layout.max_unit_padded * engine.zero.precision.compute.itemsize
-    assert device.pinned == [unit_bytes]
+    largest = engine.zero.largest_reduction() * engine.zero.precision.compute.itemsize   # stage 0: a bucket
+    assert device.pinned == [max(largest, engine.zero.step_sums.nbytes)]
     assert ("work", "comm.host_staging (pinned host)") in [(k_, n) for k_, n, *_ in engine.memory.buffers]
     calls = device_collectives(engine)
     assert device.to_host >= calls and device.from_host >= calls   # each went through the host
@@ -72,3 +74,17 @@ def test_cuda_aware_collectives_take_device_memory_after_a_synchronize(stage):
     # the consolidation in `train` gathers too (stage 3): count those as well
     io_calls = sum(calls for (op, purpose), (calls, *_) in engine.comm.ledger.entries.items() if purpose == "io")
     assert device.synchronized == device_collectives(engine) + io_calls
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_staging_from_the_communication_thread(stage):
+    """--overlap on: the thread's communicator stages through its own pinned buffer."""
+    _, _, cpu_weights = train(stage, "float32", 1)
+    device = StandInGPU()
+    engine, _, weights = train(stage, "float32", 1, device, cuda_aware=False,
+                               overlap=OverlapConfig(enabled=True, bucket_mb=0))
+    assert_same(weights, cpu_weights)
+    assert len(device.pinned) == 2 and device.pinned[0] == device.pinned[1]
+    names = [name for _, name, *_ in engine.memory.buffers]
+    assert "comm.host_staging (pinned host, thread)" in names
