@@ -137,6 +137,24 @@ def test_trace_has_nested_compute_and_comm_spans_on_every_rank(tmp_path, stage):
             assert ops == ({"allreduce"} if stage == 0 else {"allgather", "reduce_scatter", "allreduce"})
 
 
+def test_trace_with_overlap_has_the_communication_threads_collectives(tmp_path):
+    """--overlap on: grads and params collectives run on the thread: trace thread 1, all of them."""
+    steps = 3
+    train_ok(2, "--stage", 1, "--steps", steps, "--hidden", "24,16", "--batch-size", 48, "--log-every", 0,
+             "--report", "json", "--trace", "t.json", "--overlap", "on", "--bucket-mb", 0, cwd=tmp_path)
+    with open(tmp_path / "t.json") as f:
+        events = json.load(f)["traceEvents"]
+    thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert thread_names[(0, 1)].startswith("communication thread")
+    for rank in range(2):
+        on_thread = [e for e in events if e["ph"] == "X" and e["pid"] == rank and e["tid"] == 1]
+        assert on_thread and {e["cat"] for e in on_thread} == {"comm"}
+        assert {e["args"]["purpose"] for e in on_thread} == {"grads", "params"}
+        # stage 1, per-layer buckets, 3 units: 3 reduce-scatters and 3 all-gathers per step
+        assert sum(e["args"]["op"] == "reduce_scatter" for e in on_thread) == 3 * steps
+        assert sum(e["args"]["op"] == "allgather" for e in on_thread) == 3 * steps
+
+
 # ----------------------------------------------------------------------------------------------
 # progress display
 # ----------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ import numpy as np
 MISMATCH = 5                        # exit status when ranks disagree on a collective
 DESCRIPTION_BYTES = 256             # fixed width of the text exchanged on a mismatch
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIPPED_FILES = {os.path.join(_PACKAGE_PARENT, "zerompi", "comm.py"), os.path.abspath(__file__)}
+_SKIPPED_FILES = {os.path.join(_PACKAGE_PARENT, "zerompi", "comm.py"),
+                  os.path.join(_PACKAGE_PARENT, "zerompi", "overlap.py"), os.path.abspath(__file__)}
 
 
 def call_site():
@@ -56,10 +57,11 @@ class CollectiveCheck:
         self.descriptions = np.zeros((size, DESCRIPTION_BYTES), np.uint8)
         self.calls = 0                                           # collectives checked so far
         self.description = ""
+        self.site = None       # set by the --overlap communication thread: where the call was submitted
 
     def fill_header(self, kind, purpose, buffer):
         """Before the header exchange: describe the collective this rank is about to call."""
-        site = call_site()
+        site = self.site or call_site()
         elements, dtype = (buffer.size, buffer.dtype.name) if buffer is not None else (0, "-")
         self.header[:] = (_crc(kind), elements, _crc(dtype), _crc(site))
         self.description = f"{kind} of {elements:,} {dtype} ({purpose}) at {site}"

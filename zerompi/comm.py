@@ -26,7 +26,7 @@ ledger records the buffer that actually went to MPI, so its bytes show the widen
 Device memory (CuPy arrays, zerompi/device.py): before any MPI call on device memory the CUDA
 stream that produced it is synchronized (mpi4py hands MPI the raw pointer and does not wait).
 A CUDA-aware MPI (zerompi/mpi_cuda.py) then reads and writes the device buffer itself; any other
-MPI gets a preallocated pinned host buffer, one unit's worth (`host_staging`):
+MPI gets a preallocated pinned host buffer, the largest collective's worth (`host_staging`):
 
     reduce-scatter:  device full --copy--> host --Reduce_scatter_block(IN_PLACE)--> host[:n/N]
                      --copy--> device shard

@@ -31,10 +31,21 @@ class NcclCommunicator(Communicator):
         super().__init__(mpi_comm, device, mpi_reads_device_memory=True)   # NCCL: never staged
         from cupy.cuda import nccl
         self.nccl_module = nccl
-        uid = nccl.get_unique_id() if self.rank == 0 else None
-        uid = self.mpi.bcast(uid, root=0)
-        self.nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self.nccl = self._bootstrap()
         self.cuda_aware_how = "NCCL"
+
+    def _bootstrap(self):
+        """A new NCCL communicator over this communicator's ranks (collective)."""
+        uid = self.nccl_module.get_unique_id() if self.rank == 0 else None
+        uid = self.mpi.bcast(uid, root=0)
+        return self.nccl_module.NcclCommunicator(self.size, uid, self.rank)
+
+    def duplicate(self):
+        """The --overlap communication thread's twin gets its own NCCL communicator too: the two
+        threads must never share one."""
+        twin = super().duplicate()
+        twin.nccl = twin._bootstrap()
+        return twin
 
     def describe_transport(self):
         return "collectives on NCCL (bootstrapped over MPI), device memory directly"

@@ -7,8 +7,10 @@ never from a formula. The report then prints these counts beside the formulas of
 MemoryLedger: every buffer of the training state is allocated through `alloc`, by kind:
     params, grads, optimizer   the model state that ZeRO partitions (compared with the formulas)
     work                       one-unit buffers (stage 2-3 gradient bucket and parameter gather,
-                               float32 staging for 16-bit reductions and compute), Adam's chunk
-                               scratch: each allocated only where its code path runs
+                               float32 staging for 16-bit reductions and compute; stage 0's
+                               staging holds a gradient bucket), Adam's chunk scratch, --overlap's
+                               second buffers, pinned host staging on a GPU: each allocated only
+                               where its code path runs
     activations                the forward/backward activation buffers of the local batch
 Nothing is allocated or freed inside the training loop, so the live total is also the peak. The
 OS-measured peak resident set size (getrusage) is reported beside it.
@@ -20,6 +22,7 @@ Ring volume per rank for a buffer of n elements over N ranks (the standard ring 
 It counts what the ring algorithm moves for these calls; MPI may pick another algorithm on the wire.
 """
 import resource
+import threading
 from collections import defaultdict
 
 from .device import CPU
@@ -57,20 +60,30 @@ class MemoryLedger:
 
 
 class CommLedger:
+    """Written by the main thread and, with --overlap on, by the communication thread: a lock
+    keeps each record whole and each reading consistent."""
+
     def __init__(self):
         # (op, purpose) -> [calls, ring bytes, ring elements, seconds]
         self.entries = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+        self.lock = threading.Lock()
 
     def record(self, op, purpose, buffer, num_ranks, seconds):
         """Record one collective on `buffer` (the full-size side: n elements for all ranks)."""
         ring = RING_FACTOR[op] * (num_ranks - 1) / num_ranks
-        entry = self.entries[(op, purpose)]
-        entry[0] += 1
-        entry[1] += ring * buffer.nbytes
-        entry[2] += ring * buffer.size
-        entry[3] += seconds
+        with self.lock:
+            entry = self.entries[(op, purpose)]
+            entry[0] += 1
+            entry[1] += ring * buffer.nbytes
+            entry[2] += ring * buffer.size
+            entry[3] += seconds
+
+    def purposes(self):
+        with self.lock:
+            return {p for _, p in self.entries}
 
     def totals(self, purposes):
         """(calls, ring bytes, ring elements, seconds) summed over the given purposes."""
-        rows = [e for (op, p), e in self.entries.items() if p in purposes]
+        with self.lock:
+            rows = [list(e) for (op, p), e in self.entries.items() if p in purposes]
         return tuple(sum(e[i] for e in rows) for i in range(4))

@@ -14,7 +14,11 @@
     step_seconds         rank 0's wall time of the step (batch selection, forward, backward,
                          reductions, Adam), perf_counter; samples_per_second = batch / that
     comm                 per purpose, what rank 0's CommLedger recorded during this step: calls,
-                         ring bytes and elements (as in the end-of-run report), seconds inside MPI
+                         ring bytes and elements (as in the end-of-run report), seconds inside MPI.
+                         With --overlap on a collective is counted in the step it finishes in
+                         (stage 1-2 parameter all-gathers finish in the next step's forward; the
+                         last step's after the loop, in no line), and its seconds are the
+                         communication thread's, not time the step waited
     memory               every rank's MemoryLedger total (all its allocated buffers) and OS peak RSS,
                          in rank order; ONLY on step 1, every --log-every steps and the last step
 
@@ -82,7 +86,7 @@ class MetricsLog:
 
 def comm_by_purpose(ledger):
     """{purpose: (calls, ring bytes, ring elements, seconds)} from a CommLedger, so far."""
-    return {purpose: ledger.totals({purpose}) for purpose in {p for _, p in ledger.entries}}
+    return {purpose: ledger.totals({purpose}) for purpose in ledger.purposes()}
 
 
 def comm_delta(before, after):

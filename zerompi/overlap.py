@@ -36,6 +36,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from .collective_check import call_site
+
 
 class CommQueue:
     def __init__(self, comm, overlap):
@@ -67,8 +69,9 @@ class CommQueue:
             self.exposed_s += time.perf_counter() - start
             self.finished += 1
             return ticket
+        site = call_site() if self.comm.check is not None else None   # --check-collectives: the caller's line
         with self.changed:
-            self.pending.append((method, args, kwargs))
+            self.pending.append((method, args, kwargs, site))
             self.changed.notify_all()
         return ticket
 
@@ -81,6 +84,8 @@ class CommQueue:
             while self.finished <= ticket and self.error is None:
                 self.changed.wait()
         self.exposed_s += time.perf_counter() - start
+        if isinstance(self.error, SystemExit):     # --check-collectives' verdict: the same exit
+            raise SystemExit(self.error.code)
         if self.error is not None:
             raise RuntimeError("a collective on the communication thread failed") from self.error
 
@@ -88,13 +93,18 @@ class CommQueue:
         self.wait(self.submitted - 1)
 
     def _run(self):
-        self.comm.device.make_current()             # a GPU is current per host thread (CUDA)
+        made_current = False
         while True:
             with self.changed:
                 while not self.pending:
                     self.changed.wait()
-                method, args, kwargs = self.pending[0]
+                method, args, kwargs, site = self.pending[0]
             try:
+                if not made_current:
+                    self.comm.device.make_current()  # a GPU is current per host thread (CUDA)
+                    made_current = True
+                if site is not None:
+                    self.comm.check.site = site
                 getattr(self.comm, method)(*args, **kwargs)
             except BaseException as error:         # reported to the main thread by wait()
                 with self.changed:

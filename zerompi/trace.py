@@ -26,6 +26,7 @@ events (one Gatherv of their JSON text, see Communicator.gather_bytes_to_root) a
 atomically (zerompi/atomic.py). A run that stops early (diverged, preempted) writes no trace.
 """
 import json
+import threading
 import time
 
 from .atomic import atomic_file
@@ -49,7 +50,8 @@ class Tracer:
     def span(self, name, category, start, end=None, **args):
         """One complete event from start to end (perf_counter seconds; end: now)."""
         end = time.perf_counter() if end is None else end
-        self.events.append({"name": name, "cat": category, "ph": "X", "pid": self.rank, "tid": 0,
+        thread = 0 if threading.current_thread() is threading.main_thread() else 1   # 1: --overlap's thread
+        self.events.append({"name": name, "cat": category, "ph": "X", "pid": self.rank, "tid": thread,
                             "ts": round((start - self.origin) * 1e6, 1), "dur": round((end - start) * 1e6, 1),
                             "args": args})
 
@@ -63,6 +65,8 @@ def write_trace(tracer, comm, path):
     for rank, part in enumerate(parts):
         events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        for tid, thread in ((0, "main"), (1, "communication thread (--overlap on)")):
+            events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": thread}})
         events.extend(json.loads(part))
     with atomic_file(path, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)

@@ -148,6 +148,7 @@ def run(cfg, comm, out, preemption):
     metrics = (MetricsLog(cfg.metrics, comm, engine.memory, cfg.log_every, cfg.steps, append=bool(cfg.resume))
                if cfg.metrics else None)
     tracer = comm.tracer = Tracer(comm.rank) if cfg.trace else None
+    engine.zero.queue.comm.tracer = tracer                   # --overlap on: the thread's communicator too
     if tracer is not None:
         tracer.start_clock(comm)
 
@@ -208,7 +209,7 @@ def run(cfg, comm, out, preemption):
     if metrics is not None:
         metrics.close()
     if tracer is not None:
-        comm.tracer = None
+        comm.tracer = engine.zero.queue.comm.tracer = None
         write_trace(tracer, comm, cfg.trace)
     train_comm = {p: comm.ledger.totals({p}) for p in ("grads", "params")}
 
