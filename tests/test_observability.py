@@ -186,7 +186,7 @@ def test_status_line_keeps_the_live_line_below_the_log():
     assert stream.getvalue().endswith(ERASE_LINE + "after\n")
 
 
-def run_on_pty(*flags, cwd):
+def run_on_pty(*flags, cwd, expected_status=0):
     """python -m zerompi.train (one rank, no mpirun) with stdout and stderr on a pseudo-terminal."""
     leader, follower = pty.openpty()
     process = subprocess.Popen([sys.executable, "-m", "zerompi.train", *map(str, flags)], cwd=cwd,
@@ -202,7 +202,7 @@ def run_on_pty(*flags, cwd):
             break
         chunks.append(chunk)
     os.close(leader)
-    assert process.wait(timeout=120) == 0
+    assert process.wait(timeout=120) == expected_status
     return b"".join(chunks).decode()
 
 
@@ -215,6 +215,13 @@ def test_live_line_on_a_terminal_and_plain_lines_otherwise(tmp_path):
     assert "\x1b[" not in plain and "samples/s" not in plain and "step 20/40 | loss" in plain
     piped = train_ok(1, *flags, cwd=tmp_path)                    # auto, not a terminal: plain lines
     assert "\x1b[" not in piped.output and "step 20/40 | loss" in piped.stdout
+
+
+def test_a_diverged_run_erases_the_live_line_before_its_error(tmp_path):
+    text = run_on_pty("--steps", 40, "--hidden", 16, "--log-every", 0, "--report", "none", "--lr", "1e6",
+                      "--progress", "live", cwd=tmp_path, expected_status=3)
+    before_error = text[:text.index("zerompi: error:")]
+    assert "step " in before_error and before_error.endswith("\r" + ERASE_LINE)   # the live line, then erased
 
 
 def test_progress_live_under_mpirun_draws_on_rank_0_only(tmp_path):

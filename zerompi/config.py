@@ -189,11 +189,15 @@ def device_choice(argv):
     try:
         args = peek.parse_known_args(argv)[0]
         if args.device is None and args.config and not args.config.endswith(".json"):
-            known = {f.name.replace("_", "-") for f in fields(TrainConfig)}
-            args = peek.parse_known_args(flags_from_file(args.config, False, known, 1, TrainConfig.lr))[0]
+            args = peek.parse_known_args(flags_from_file(args.config, False, _file_keys(), 1, TrainConfig.lr))[0]
     except (ArgumentError, ConfigFileError):
         return TrainConfig.device
     return args.device or TrainConfig.device
+
+
+def _file_keys():
+    """{long flag name: True for a --x/--no-x switch}: the keys a TOML config file may hold."""
+    return {f.name.replace("_", "-"): isinstance(f.default, bool) for f in fields(TrainConfig)}
 
 
 def parse_args(argv, rank=0, num_ranks=1):
@@ -208,10 +212,9 @@ def parse_args(argv, rank=0, num_ranks=1):
         raise ArgumentError("--config and --deepspeed-config: choose one")
     if path.config or path.deepspeed_config:
         name = path.config or path.deepspeed_config
-        known = {f.name.replace("_", "-") for f in fields(TrainConfig)}
         try:
-            file_flags = flags_from_file(name, bool(path.deepspeed_config) or name.endswith(".json"), known,
-                                         num_ranks, TrainConfig.lr)
+            file_flags = flags_from_file(name, bool(path.deepspeed_config) or name.endswith(".json"),
+                                         _file_keys(), num_ranks, TrainConfig.lr)
             from_file = build_parser(rank).parse_args(file_flags)
         except ConfigFileError as e:
             raise ArgumentError(str(e)) from None

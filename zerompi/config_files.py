@@ -40,7 +40,8 @@ class ConfigFileError(Exception):
 
 def flags_from_file(path, deepspeed, known_flags, num_ranks, default_lr):
     """Command-line flags [--name, value, ...] for the TOML file at path (deepspeed False) or the
-    DeepSpeed JSON at path (True); known_flags: the long flag names (without the dashes);
+    DeepSpeed JSON at path (True); known_flags: {long flag name (without the dashes): True for a
+    --x/--no-x switch};
     default_lr: --lr's default (for a cosine floor given as a ratio of an lr the file leaves out)."""
     try:
         with open(path, "rb") as f:
@@ -61,8 +62,10 @@ def toml_flags(table, known_flags, path):
     for key, value in table.items():
         if key not in known_flags or key in ("config", "deepspeed-config") or isinstance(value, dict):
             unknown.append(key)
-        elif value is True or value is False:
+        elif (value is True or value is False) and known_flags[key]:
             flags.append(f"--{key}" if value else f"--no-{key}")
+        elif value is True or value is False:              # an on/off flag: overlap = true
+            flags += [f"--{key}", "on" if value else "off"]
         elif isinstance(value, list):
             flags += [f"--{key}", ",".join(map(str, value))]
         else:

@@ -184,10 +184,10 @@ def run(cfg, comm, out, preemption):
         if event:
             comm.print0(f"step {step + 1}: {event}", file=out)
         if not result.applied and not scaler.enabled:
-            stop(engine, cfg, not_finite_message(step + 1, result, comm))
+            stop(engine, cfg, not_finite_message(step + 1, result, comm), status)
         if scaler.collapsed:
             stop(engine, cfg, f"step {step + 1}: the fp16 loss scale fell to {scaler.scale:g}, below "
-                              f"--min-loss-scale {cfg.min_loss_scale:g}: gradients keep overflowing")
+                              f"--min-loss-scale {cfg.min_loss_scale:g}: gradients keep overflowing", status)
         progress.add(result)
         done = step + 1
         if cfg.log_every and progress.steps and (done % cfg.log_every == 0 or done == cfg.steps):
@@ -243,9 +243,12 @@ def not_finite_message(step, result, comm):
     return f"step {step}: {grad}; {loss}: lower --lr or try --clip-norm"
 
 
-def stop(engine, cfg, message):
+def stop(engine, cfg, message, status=None):
     """Collective, every rank with the same message: save the last good weights (the failed step
-    changed nothing) where a save path is set, print the error once, exit with DIVERGED."""
+    changed nothing) where a save path is set, print the error once, exit with DIVERGED. The live
+    progress line (rank 0, status) is erased first, so that the error is not drawn over it."""
+    if status is not None:
+        status.close()
     if cfg.save_weights:
         saved = save_weights(engine, cfg.save_weights)
         message += "; " + (saved or f"the last good weights are in {cfg.save_weights}")
