@@ -126,8 +126,9 @@ class Communicator:
 
     def reserve_staging(self, memory, max_elements, reduce_dtype):
         """Staging for reductions that cannot run on the buffer itself: 16-bit buffers (widened
-        to reduce_dtype, see zerompi/precision.py) and accumulating reduce-scatters. One unit's
-        worth, ledgered as work memory."""
+        to reduce_dtype, see zerompi/precision.py), accumulating reduce-scatters, and in-place
+        reduce-scatters of device memory. The largest reduction's worth (a unit, or a stage-0
+        gradient bucket), ledgered as work memory."""
         self.staging_full = memory.alloc("work", "comm.staging_full", (max_elements,), reduce_dtype)
         self.staging_shard = memory.alloc("work", "comm.staging_shard", (max_elements // self.size,),
                                           reduce_dtype)
