@@ -197,20 +197,23 @@ def test_npy_instead_of_npz(tmp_path):
     assert ".npy" in read_error(path)
 
 
-def test_missing_tensor(tmp_path):
+def error_for_changed(tmp_path, change):
+    """The read error of a good weights file after change(tensors) edited its tensors."""
     tensors = good_tensors()
-    del tensors["layers.1.bias"]
+    change(tensors)
     path = tmp_path / "w.npz"
     np.savez(path, **tensors)
-    assert "layers.1.bias" in read_error(path)
+    return read_error(path)
+
+
+def test_missing_tensor(tmp_path):
+    assert "layers.1.bias" in error_for_changed(tmp_path, lambda t: t.pop("layers.1.bias"))
 
 
 def test_wrong_shape(tmp_path):
-    tensors = good_tensors()
-    tensors["layers.2.weight"] = tensors["layers.2.weight"].T.copy()     # (53, 7) instead of (7, 53)
-    path = tmp_path / "w.npz"
-    np.savez(path, **tensors)
-    message = read_error(path)
+    def transpose(t):
+        t["layers.2.weight"] = t["layers.2.weight"].T.copy()      # (53, 7) instead of (7, 53)
+    message = error_for_changed(tmp_path, transpose)
     assert "layers.2.weight" in message and "(53, 7)" in message and "(7, 53)" in message
 
 
@@ -221,29 +224,18 @@ def test_wrong_model_depth(tmp_path):
 
 
 def test_extra_tensor(tmp_path):
-    tensors = good_tensors()
-    tensors["layers.3.weight"] = np.zeros((2, 7))
-    path = tmp_path / "w.npz"
-    np.savez(path, **tensors)
-    assert "layers.3.weight" in read_error(path)
+    message = error_for_changed(tmp_path, lambda t: t.update({"layers.3.weight": np.zeros((2, 7))}))
+    assert "layers.3.weight" in message
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_values(tmp_path, bad):
-    tensors = good_tensors()
-    tensors["layers.1.bias"][3] = bad
-    path = tmp_path / "w.npz"
-    np.savez(path, **tensors)
-    message = read_error(path)
+    message = error_for_changed(tmp_path, lambda t: t["layers.1.bias"].__setitem__(3, bad))
     assert "layers.1.bias" in message and "NaN" in message
 
 
 def test_integer_dtype(tmp_path):
-    tensors = good_tensors()
-    tensors["layers.0.weight"] = np.ones((37, 5), dtype=np.int64)
-    path = tmp_path / "w.npz"
-    np.savez(path, **tensors)
-    message = read_error(path)
+    message = error_for_changed(tmp_path, lambda t: t.update({"layers.0.weight": np.ones((37, 5), dtype=np.int64)}))
     assert "layers.0.weight" in message and "int64" in message
 
 

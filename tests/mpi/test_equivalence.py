@@ -51,6 +51,17 @@ def assert_close_f64(got, want):
             assert np.max(np.abs(tensor - tensor_ref)) <= 1e-12 * np.max(np.abs(tensor_ref))
 
 
+def assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches=1):
+    """A bf16/fp16 run (fp16: loss scale 1024, a power of two: exact to unscale) applies every step
+    and ends within the mixed tolerance of the reference; returns its engine."""
+    loss_scale = 1024.0 if dtype == np.float16 else 1.0
+    engine, results = train_zero(stage, sizes, dtype, batches, micro_batches=micro_batches, loss_scale=loss_scale)
+    assert all(r.applied for r in results)
+    want, _ = reference(sizes, dtype, batches)
+    assert_within_mixed_tolerance(consolidated(engine), want)
+    return engine
+
+
 def assert_within_mixed_tolerance(got, want):
     """The bf16/fp16 criterion of the module docstring: mean |difference| <= lr / 20, and no
     element off by more than 2 lr per step."""
@@ -95,13 +106,8 @@ def test_float32_equals_single_process_adamw(stage, sizes):
 @pytest.mark.parametrize("stage", STAGES)
 def test_mixed_precision_equals_single_process_mixed_adamw(stage, sizes, dtype):
     batches = make_batches(sizes, STEPS)
-    loss_scale = 1024.0 if dtype == np.float16 else 1.0       # a power of two: exact to unscale
-    engine, results = train_zero(stage, sizes, dtype, batches, loss_scale=loss_scale)
-    assert all(r.applied for r in results)
+    engine = assert_mixed_run_matches_reference(stage, sizes, dtype, batches)
     assert engine.zero.param_shard.dtype == dtype if stage == 3 else engine.zero.param_full.dtype == dtype
-    got = consolidated(engine)
-    want, _ = reference(sizes, dtype, batches)
-    assert_within_mixed_tolerance(got, want)
 
 
 @pytest.mark.mpi
@@ -132,13 +138,7 @@ def test_mixed_precision_accumulation_stays_within_the_mixed_tolerance(stage, dt
     at K = 2-3 the result stays within the mixed-precision tolerance above."""
     sizes = SIZES[0]
     batches = make_batches(sizes, STEPS)
-    k = micro_batches_for(MPI.COMM_WORLD.Get_size())
-    loss_scale = 1024.0 if dtype == np.float16 else 1.0
-    engine, results = train_zero(stage, sizes, dtype, batches, micro_batches=k, loss_scale=loss_scale)
-    assert all(r.applied for r in results)
-    got = consolidated(engine)
-    want, _ = reference(sizes, dtype, batches)
-    assert_within_mixed_tolerance(got, want)
+    assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches_for(MPI.COMM_WORLD.Get_size()))
 
 
 @pytest.mark.mpi
