@@ -8,10 +8,13 @@ about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying w
        (ZEROMPI_CUDA_AWARE=0) and, where the MPI is CUDA-aware, through the direct path too;
        float32 (with gradient accumulation too), fp16 and bf16 runs must track the CPU's
        weights; --overlap on (collectives from the communication thread) and --comm nccl on one
-       rank (NCCL wants a GPU per rank) must match in float64
-    3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32 and fp16: the
-       step's TFLOP/s (6 flops per weight per row: forward 2, backward 4) beside the GPU's GEMM
-       rate at the step's largest GEMM shape and at 8192^3, measured in the same run
+       rank (NCCL wants a GPU per rank) must match in float64; zerompi/gemm.py's cuBLAS GemmEx
+       must equal cupy.matmul (float64, every transpose, with and without adding into c) and
+       16-bit products must equal float32 products of the same 16-bit values
+    3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32, fp16 and
+       bf16: the step's TFLOP/s (6 flops per weight per row: forward 2, backward 4) beside the
+       GPU's rate for the GEMM the step runs (zerompi.gemm: 16-bit operands on tensor cores,
+       float32 out) at the step's largest shape and at 8192^3, measured in the same run
 
 Exit status 0 when every check passed. The output is plain text, for the README and the notes.
 """
@@ -100,6 +103,43 @@ def correctness(cuda_aware, folder, report):
     return ok
 
 
+def gemm_correctness(cupy, report):
+    """zerompi.gemm.gemm on the GPU against cupy.matmul, and 16-bit against float32 products."""
+    from zerompi.gemm import gemm
+    from zerompi.precision import BF16
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for trans_a in (False, True):
+        for trans_b in (False, True):
+            a = cupy.asarray(rng.standard_normal((37, 13) if trans_a else (13, 37)))
+            b = cupy.asarray(rng.standard_normal((29, 37) if trans_b else (37, 29)))
+            start = cupy.asarray(rng.standard_normal((13, 29)))
+            want = cupy.matmul(a.T if trans_a else a, b.T if trans_b else b)
+            c = start.copy()
+            gemm(a, b, c, trans_a, trans_b)
+            added = start.copy()
+            gemm(a, b, added, trans_a, trans_b, accumulate=True)
+            worst = max(worst, float(cupy.max(cupy.abs(c - want))), float(cupy.max(cupy.abs(added - start - want))))
+    ok = worst <= 1e-12
+    report(f"  gemm float64, 4 transposes, = and +=: max abs diff from cupy.matmul {worst:.1e}  "
+           f"{'ok' if ok else 'FAILED (limit 1e-12)'}")
+    for dtype in (np.dtype(np.float16), BF16):
+        try:
+            a16 = cupy.asarray(rng.standard_normal((64, 256)).astype(dtype))
+            b16 = cupy.asarray(rng.standard_normal((128, 256)).astype(dtype))
+        except Exception as e:
+            report(f"  gemm {dtype.name}: skipped, CuPy cannot hold it ({type(e).__name__})")
+            continue
+        want = cupy.asarray(cupy.asnumpy(a16).astype(np.float32) @ cupy.asnumpy(b16).astype(np.float32).T)
+        out = cupy.zeros((64, 128), np.float32)
+        gemm(a16, b16, out, trans_b=True)
+        diff = float(cupy.max(cupy.abs(out - want)) / cupy.max(cupy.abs(want)))
+        ok &= diff <= 1e-5
+        report(f"  gemm {dtype.name} in, float32 out: max rel diff from float32 products {diff:.1e}  "
+               f"{'ok' if diff <= 1e-5 else 'FAILED (limit 1e-5)'}")
+    return ok
+
+
 def nccl_available():
     from zerompi.device import _nccl_available
     return _nccl_available()
@@ -116,16 +156,18 @@ def transport():
 
 
 def gemm_tflops(cupy, m, k, n, dtype, repeats=10):
-    """Median TFLOP/s of an (m, k) @ (k, n) product, timed with CUDA events."""
+    """Median TFLOP/s of zerompi.gemm's (m, k) @ (k, n) product with dtype operands and a float32
+    (float64 for float64) output, as the training step runs it; timed with CUDA events."""
+    from zerompi.gemm import gemm
     a = cupy.random.standard_normal((m, k), dtype=np.float32).astype(dtype)
     b = cupy.random.standard_normal((k, n), dtype=np.float32).astype(dtype)
-    out = cupy.empty((m, n), dtype)
-    cupy.matmul(a, b, out=out)
+    out = cupy.empty((m, n), np.float64 if np.dtype(dtype).itemsize == 8 else np.float32)
+    gemm(a, b, out)
     times = []
     for _ in range(repeats):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
-        cupy.matmul(a, b, out=out)
+        gemm(a, b, out)
         end.record()
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
@@ -168,7 +210,7 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    from zerompi.device import select_device
+    from zerompi.device import check_device, select_device
     device, error = select_device("gpu", os.environ)
     if error:
         report(f"SKIPPED: {error}")
@@ -182,14 +224,21 @@ def main():
     report("correctness, GPU against CPU (python -m zerompi.train, 5 steps, MLP 32-96-64-10):")
     with tempfile.TemporaryDirectory() as folder:
         ok = correctness("CUDA-aware: yes" in line, folder, report)
+    ok = gemm_correctness(cupy, report) and ok
     report("speed, MLP 1024-4x2048-10, one rank, stage 1:")
     rows = 4096
-    for dtype_name, gemm_dtype in (("float32", np.float32), ("fp16", np.float16)):
+    from zerompi.precision import precision_for
+    for dtype_name in ("float32", "fp16", "bf16"):
+        operand = precision_for(dtype_name).storage              # what the step's GEMMs read
+        cannot = check_device(device, dtype_name, "mpi", 1)
+        if cannot:
+            report(f"  step {dtype_name:>7}: skipped, {cannot}")
+            continue
         step = step_speed(device, dtype_name, rows, report)
-        same_shape = gemm_tflops(cupy, rows, 2048, 2048, np.float32)   # the step computes in float32
-        big = gemm_tflops(cupy, 8192, 8192, 8192, gemm_dtype)
-        report(f"    GEMM float32 {rows}x2048x2048: {same_shape:6.1f} TFLOP/s (step / GEMM = "
-               f"{step / same_shape:.2f});  GEMM {np.dtype(gemm_dtype).name} 8192^3: {big:6.1f} TFLOP/s")
+        same_shape = gemm_tflops(cupy, rows, 2048, 2048, operand)
+        big = gemm_tflops(cupy, 8192, 8192, 8192, operand)
+        report(f"    GEMM {operand.name} {rows}x2048x2048: {same_shape:6.1f} TFLOP/s (step / GEMM = "
+               f"{step / same_shape:.2f});  GEMM {operand.name} 8192^3: {big:6.1f} TFLOP/s")
     report("all checks passed" if ok else "SOME CHECKS FAILED")
     return 0 if ok else 1
 

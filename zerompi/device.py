@@ -30,6 +30,7 @@ let the local rank choose (the scripts in slurm/ do).
 """
 import numpy as np
 
+from . import gemm
 from .launch import first_number
 
 DEVICE_CHOICES = ("auto", "cpu", "gpu")
@@ -63,6 +64,7 @@ class CPU:
     name = "cpu"
     xp = np
     is_gpu = False
+    gemm = None     # NumPy's matmul, in the compute dtype (zerompi/model.py widens 16-bit weights)
 
     def zeros(self, shape, dtype):
         return np.zeros(shape, dtype=dtype)
@@ -99,6 +101,7 @@ class GPU(CPU):
     which comm.py does before handing device memory to MPI."""
 
     is_gpu = True
+    gemm = staticmethod(gemm.gemm)   # cuBLAS GemmEx: 16-bit inputs on tensor cores (zerompi/gemm.py)
 
     def __init__(self, cupy, index, count):
         self.xp = cupy

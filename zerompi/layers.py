@@ -27,8 +27,10 @@ mean loss: no separate averaging pass is needed.
 All functions are checked against finite differences in float64 (tests/test_layers.py).
 
 Every function computes with the array module of its arguments (NumPy, or CuPy on a GPU: see
-zerompi/device.py). On a GPU the two GELU functions run as one fused kernel each
-(zerompi/gpu_kernels.py) instead of the chain of in-place passes written out below.
+zerompi/device.py). On a GPU the two GELU functions and the bias add run as one fused kernel each
+(zerompi/gpu_kernels.py) instead of the chain of in-place passes written out below, and the linear
+layer's products are the device's GEMM (`gemm`, zerompi/gemm.py) when one is given: it reads
+16-bit operands on tensor cores, writes a wider output, and can add into its output.
 """
 import math
 
@@ -41,11 +43,22 @@ GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
 
 
-def linear_forward(x, weight, bias, y):
-    """y (B, O) = x (B, I) @ weight (O, I)^T + bias (O,)."""
-    xp = array_module(x)
-    xp.matmul(x, weight.T, out=y)
-    y += bias
+def linear_forward(x, weight, bias, y, gemm=None):
+    """y (B, O) = x (B, I) @ weight (O, I)^T + bias (O,). With the device's gemm, x and weight may
+    be 16-bit and y wider."""
+    if gemm is None:
+        array_module(x).matmul(x, weight.T, out=y)
+    else:
+        gemm(x, weight, y, trans_b=True)
+    add_bias(y, bias)
+
+
+def add_bias(y, bias):
+    """y (B, O) += bias (O,) on every row."""
+    if array_module(y) is np:
+        y += bias
+    else:
+        gpu_kernels.add_bias(y, bias)
 
 
 def linear_backward(dy, x, weight, dweight, dbias, dx):
@@ -58,11 +71,27 @@ def linear_backward(dy, x, weight, dweight, dbias, dx):
         xp.matmul(dy, weight, out=dx)    # dx = dy W
 
 
+def linear_backward_gemm(gemm, dy, x, weight, ones, dweight, dbias, dx, accumulate):
+    """linear_backward through the device's gemm, which adds into dweight and dbias with
+    accumulate (micro-batches after the first) and rounds once into their dtype. dy, x, weight and
+    ones (B,) of 1s share one dtype (16-bit in mixed precision); dx (B, I) may be wider."""
+    gemm(dy, x, dweight, trans_a=True, accumulate=accumulate)                    # dW (+)= dy^T x
+    gemm(ones[None, :dy.shape[0]], dy, dbias[None, :], accumulate=accumulate)    # db (+)= 1^T dy
+    if dx is not None:
+        gemm(dy, weight, dx)                                                     # dx = dy W
+
+
 def gelu_forward(x, y, tanh_u):
-    """y (B, O) = GELU(x); keeps tanh_u (B, O) = tanh(u) for the backward."""
+    """y (B, O) = GELU(x); keeps tanh_u (B, O) = tanh(u) for the backward. y may be narrower
+    than x (16 bits in mixed precision on a GPU): the value is rounded once, as it is written."""
     xp = array_module(x)
     if xp is not np:
         return gpu_kernels.gelu_forward(x, y, tanh_u)
+    if y.dtype != x.dtype:               # 16-bit y in NumPy: only the tests' stand-in GPU
+        wide = np.empty_like(x)
+        gelu_forward(x, wide, tanh_u)
+        y[...] = wide                    # rounded once, as the GPU kernel writes it
+        return
     xp.multiply(x, x, out=tanh_u)
     tanh_u *= GELU_A
     tanh_u += 1.0
@@ -80,6 +109,11 @@ def gelu_backward(dy, x, tanh_u, dx):
     xp = array_module(x)
     if xp is not np:
         return gpu_kernels.gelu_backward(dy, x, tanh_u, dx)
+    if dx.dtype != x.dtype:              # 16-bit dx in NumPy: only the tests' stand-in GPU
+        wide = np.empty_like(x)
+        gelu_backward(dy, x, tanh_u, wide)
+        dx[...] = wide
+        return
     # GELU'(x) = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3a x^2)
     #          = (1 + t)/2 * (1 + q (1 - t))        with q = c x (1 + 3a x^2), 1 - t^2 = (1 + t)(1 - t)
     #          = (1 - s/2) * (1 + q s)              with s = 1 - t

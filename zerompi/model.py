@@ -11,18 +11,32 @@ rows. For unit i with input width I and output width O:
     x_{i+1}(B, O)  = GELU(pre_i)             d_x_i   (B, I) = d_pre_i W_i
     (last unit: pre_i are the logits, and the loss writes d_logits over them in place)
 
-In mixed precision (zerompi/precision.py) the stage hands out 16-bit weights and gradient views:
-forward and backward widen the unit's weight and bias into a one-unit float32 buffer
-(`param_work`) and compute in float32; backward computes the weight and bias gradients into a
-second one (`grad_work`) and rounds them into the 16-bit gradient view. `grad_work` also serves
-gradient accumulation (numpy's matmul cannot add into its output): compute, then add.
+Mixed precision (zerompi/precision.py): the stage hands out 16-bit weights and gradient views,
+and the device decides how the matrix multiplies read them (shapes as above):
+
+    CPU: NumPy (no fast 16-bit matmul)          GPU: the device's gemm (zerompi/gemm.py)
+    weight, bias widened into param_work        16-bit weight and bias read as they are
+      (float32, one unit) on every use
+    x_i, d_pre_i float32                        x_i, d_pre_i 16-bit: the tensor cores' operands,
+                                                  rounded once by the kernel that writes them
+                                                  (GELU forward, GELU backward; d_logits by a copy)
+    pre_i, tanh, d_x_i float32                  pre_i, tanh, d_x_i float32: the GEMMs write
+                                                  float32, so the GELUs and the loss read float32
+    dW, db computed into grad_work (float32,    dW, db accumulated in float32 inside the GEMM
+      one unit), then rounded into the 16-bit     and rounded once into the 16-bit views;
+      views, or (micro-batch 2..K) added          micro-batches 2..K add in float32 (beta = 1)
+
+`grad_work` also serves NumPy's gradient accumulation in full precision (numpy's matmul cannot
+add into its output: compute, then add), and widens 16-bit gradients for their sum of squares
+(zerompi/train_step.py); on a GPU the GEMM adds and a reduction kernel widens, so it has none.
+In full precision on a GPU the same GEMMs run on float32 or float64 operands (no TF32).
 
 Parameters start as in torch.nn.Linear: W, b ~ U(-1/sqrt(I), 1/sqrt(I)), drawn per unit from
 numpy's generator seeded with (seed, unit index), so they do not depend on N or the stage.
 """
 import numpy as np
 
-from .layers import gelu_backward, gelu_forward, linear_backward, linear_forward
+from .layers import gelu_backward, gelu_forward, linear_backward, linear_backward_gemm, linear_forward
 
 
 def init_unit_values(unit, seed):
@@ -36,19 +50,27 @@ class MLP:
     def __init__(self, layout, batch_rows, precision, memory, micro_batches=1):
         self.units = layout.units
         self.last = len(self.units) - 1
+        self.gemm = memory.device.gemm               # None: NumPy's matmul
         alloc = memory.alloc
         B, dtype = batch_rows, precision.compute
-        self.x = [alloc("activations", f"x{u.index}", (B, u.in_features), dtype) for u in self.units]
+        operand = precision.storage if self.gemm else dtype        # what the matrix multiplies read
+        self.x = [alloc("activations", f"x{u.index}", (B, u.in_features), operand) for u in self.units]
         self.pre = [alloc("activations", f"pre{u.index}", (B, u.out_features), dtype) for u in self.units]
         hidden = self.units[:-1]
         self.tanh_u = [alloc("activations", f"tanh{u.index}", (B, u.out_features), dtype) for u in hidden]
-        self.d_pre = [alloc("activations", f"d_pre{u.index}", (B, u.out_features), dtype) for u in hidden]
+        self.d_pre = [alloc("activations", f"d_pre{u.index}", (B, u.out_features), operand) for u in hidden]
         self.d_x = [None] + [alloc("activations", f"d_x{u.index}", (B, u.in_features), dtype)
                              for u in self.units[1:]]
+        self.d_logits = (alloc("activations", "d_logits", (B, self.units[-1].out_features), operand)
+                         if operand != dtype else None)          # the loss's float32 gradient, rounded
+        self.ones = None                                         # (B,) of 1s: db = 1^T d_pre by GEMM
+        if self.gemm:
+            self.ones = alloc("work", "mlp.ones", (B,), operand)
+            self.ones[...] = 1
         self.param_work = (alloc("work", "mlp.param_work", (layout.max_unit_padded,), dtype)
-                           if precision.mixed else None)
+                           if precision.mixed and not self.gemm else None)
         self.grad_work = (alloc("work", "mlp.grad_work", (layout.max_unit_padded,), dtype)
-                          if precision.mixed or micro_batches > 1 else None)
+                          if memory.device.xp is np and (precision.mixed or micro_batches > 1) else None)
 
     def load_input(self, x):
         """Copy a batch x (n, sizes[0]) into the first input buffer; returns the view used."""
@@ -57,8 +79,8 @@ class MLP:
         return self.x[0][:n]
 
     def compute_params(self, unit, weight, bias):
-        """(weight, bias) in the compute dtype: as given, or widened into param_work."""
-        if self.param_work is None:                  # full precision: stored = compute dtype
+        """(weight, bias) as the matrix multiplies read them: as given, or widened into param_work."""
+        if self.param_work is None:                  # stored = compute dtype, or the GEMM reads 16 bits
             return weight, bias
         wide_weight, wide_bias = unit.views(self.param_work[:unit.padded])
         wide_weight[...] = weight
@@ -70,7 +92,7 @@ class MLP:
         n, i = x.shape[0], unit.index
         weight, bias = self.compute_params(unit, weight, bias)
         pre = self.pre[i][:n]
-        linear_forward(x, weight, bias, pre)
+        linear_forward(x, weight, bias, pre, self.gemm)
         if i == self.last:
             return pre
         out = self.x[i + 1][:n]
@@ -83,10 +105,17 @@ class MLP:
         n, i = d_out.shape[0], unit.index
         if i == self.last:
             d_pre = d_out                            # the loss already gave d_logits
+            if self.d_logits is not None:            # rounded to 16 bits for the GEMMs
+                d_pre = self.d_logits[:n]
+                d_pre[...] = d_out
         else:
             d_pre = self.d_pre[i][:n]
             gelu_backward(d_out, self.pre[i][:n], self.tanh_u[i][:n], d_pre)
         d_x = None if i == 0 else self.d_x[i][:n]
+        if self.gemm:                                # adds into, and rounds into, dweight and dbias
+            linear_backward_gemm(self.gemm, d_pre, self.x[i][:n], weight, self.ones, dweight, dbias,
+                                 d_x, accumulate)
+            return d_x
         weight, _ = self.compute_params(unit, weight, bias)
         if self.param_work is None and not accumulate:   # full precision, first micro-batch
             linear_backward(d_pre, self.x[i][:n], weight, dweight, dbias, d_x)   # straight into place

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import gpu_kernels
 from .device import array_module, to_numpy
 from .layers import softmax_cross_entropy
 from .precision import is_16bit
@@ -105,13 +106,16 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
 
 
 def sum_of_squares(a, scratch):
-    """sum of x^2 over the 1-D array a, in float64, as a scalar where a lives; a 16-bit a is
-    widened into scratch (float32) first."""
+    """sum of x^2 over the 1-D array a, in float64, as a scalar where a lives. NumPy widens a
+    16-bit a into scratch (float32) first; on a GPU one reduction kernel widens as it reads."""
+    xp = array_module(a)
+    if xp is not np:
+        return gpu_kernels.sum_of_squares(a)
     if is_16bit(a):
         widened = scratch[:a.size]
         widened[...] = a
         a = widened
-    return array_module(a).dot(a, a).astype(np.float64)
+    return np.dot(a, a).astype(np.float64)
 
 
 def count_correct(zero, mlp, x, labels, batch_rows, num_chunks):

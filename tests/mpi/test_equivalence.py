@@ -51,11 +51,12 @@ def assert_close_f64(got, want):
             assert np.max(np.abs(tensor - tensor_ref)) <= 1e-12 * np.max(np.abs(tensor_ref))
 
 
-def assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches=1):
+def assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches=1, comm=None):
     """A bf16/fp16 run (fp16: loss scale 1024, a power of two: exact to unscale) applies every step
     and ends within the mixed tolerance of the reference; returns its engine."""
     loss_scale = 1024.0 if dtype == np.float16 else 1.0
-    engine, results = train_zero(stage, sizes, dtype, batches, micro_batches=micro_batches, loss_scale=loss_scale)
+    engine, results = train_zero(stage, sizes, dtype, batches, comm, micro_batches=micro_batches,
+                                 loss_scale=loss_scale)
     assert all(r.applied for r in results)
     want, _ = reference(sizes, dtype, batches)
     assert_within_mixed_tolerance(consolidated(engine), want)
