@@ -25,7 +25,7 @@ def placeholder_types(dtype_name):
     precision = precision_for(dtype_name)
     compute, storage = C_TYPE[precision.compute.name], C_TYPE[precision.storage.name]
     kernels = {"add_bias": dict(T=compute, B=storage), "gelu_forward": dict(T=compute, Y=storage),
-               "gelu_backward": dict(T=compute, D=storage), "sum_of_squares": dict(T=storage)}
+               "bias_gelu_forward": dict(T=compute, B=storage, Y=storage), "gelu_backward": dict(T=compute, D=storage), "sum_of_squares": dict(T=storage)}
     if precision.mixed:
         kernels["adamw_mixed"] = dict(T=compute, G=storage, P=storage)
     else:

@@ -6,6 +6,7 @@ device memory, so each formula is one kernel here, with the same math:
 
     add_bias        y += bias (each row)                                reads bias;     updates y
     gelu_forward    y = x/2 (1 + t),  t = tanh(c (x + a x^3))          reads x;        writes y, t
+    bias_gelu_forward   x += bias, then gelu_forward                   reads x, bias;  writes x, y, t
     gelu_backward   dx = dy (1 - s/2)(1 + q s),  s = 1 - t,
                     q = c x (1 + 3 a x^2)                              reads dy, x, t; writes dx
     sum_of_squares  sum of x^2, in float64                             reads x
@@ -44,12 +45,14 @@ SUM_OF_SQUARES = ("T x", "float64 total", "(double)x * (double)x", "a + b", "tot
 def elementwise_sources():
     """{name: (input params, output params, body)} of each cupy.ElementwiseKernel."""
     from .layers import GELU_A, GELU_C          # (layers imports this module)
+    gelu = f"""
+        t = tanh((T){GELU_C!r} * (x + (T){GELU_A!r} * x * x * x));
+        y = (Y)((T)0.5 * x * ((T)1 + t));
+    """
     return {
         "add_bias": ("B bias", "T y", "y = y + (T)bias;"),
-        "gelu_forward": ("T x", "Y y, T t", f"""
-            t = tanh((T){GELU_C!r} * (x + (T){GELU_A!r} * x * x * x));
-            y = (Y)((T)0.5 * x * ((T)1 + t));
-        """),
+        "gelu_forward": ("T x", "Y y, T t", gelu),
+        "bias_gelu_forward": ("B bias", "T x, Y y, T t", "x = x + (T)bias;" + gelu),
         "gelu_backward": ("T dy, T x, T t", "D dx", f"""
             T s = (T)1 - t;
             T q = (T){GELU_C!r} * x * ((T)1 + (T){3 * GELU_A!r} * x * x);
@@ -75,8 +78,11 @@ def add_bias(y, bias):
     _kernel("add_bias")(bias, y)
 
 
-def gelu_forward(x, y, tanh_u):
-    _kernel("gelu_forward")(x, y, tanh_u)
+def gelu_forward(x, y, tanh_u, bias=None):
+    if bias is None:
+        _kernel("gelu_forward")(x, y, tanh_u)
+    else:
+        _kernel("bias_gelu_forward")(bias, x, y, tanh_u)
 
 
 def gelu_backward(dy, x, tanh_u, dx):

@@ -44,13 +44,14 @@ GELU_A = 0.044715
 
 
 def linear_forward(x, weight, bias, y, gemm=None):
-    """y (B, O) = x (B, I) @ weight (O, I)^T + bias (O,). With the device's gemm, x and weight may
-    be 16-bit and y wider."""
+    """y (B, O) = x (B, I) @ weight (O, I)^T + bias (O,), or without bias when it is None (the
+    GELU that follows adds it). With the device's gemm, x and weight may be 16-bit and y wider."""
     if gemm is None:
         array_module(x).matmul(x, weight.T, out=y)
     else:
         gemm(x, weight, y, trans_b=True)
-    add_bias(y, bias)
+    if bias is not None:
+        add_bias(y, bias)
 
 
 def add_bias(y, bias):
@@ -81,12 +82,16 @@ def linear_backward_gemm(gemm, dy, x, weight, ones, dweight, dbias, dx, accumula
         gemm(dy, weight, dx)                                                     # dx = dy W
 
 
-def gelu_forward(x, y, tanh_u):
-    """y (B, O) = GELU(x); keeps tanh_u (B, O) = tanh(u) for the backward. y may be narrower
-    than x (16 bits in mixed precision on a GPU): the value is rounded once, as it is written."""
+def gelu_forward(x, y, tanh_u, bias=None):
+    """y (B, O) = GELU(x); keeps tanh_u (B, O) = tanh(u) for the backward. With a bias (O,), first
+    x += bias in place (x is then the pre-activation the backward reads): a linear layer that
+    leaves its bias to this function saves a pass over x on a GPU, where both are one kernel.
+    y may be narrower than x (16 bits in mixed precision on a GPU): rounded once, as it is written."""
     xp = array_module(x)
     if xp is not np:
-        return gpu_kernels.gelu_forward(x, y, tanh_u)
+        return gpu_kernels.gelu_forward(x, y, tanh_u, bias)
+    if bias is not None:
+        add_bias(x, bias)
     if y.dtype != x.dtype:               # 16-bit y in NumPy: only the tests' stand-in GPU
         wide = np.empty_like(x)
         gelu_forward(x, wide, tanh_u)

@@ -92,11 +92,12 @@ class MLP:
         n, i = x.shape[0], unit.index
         weight, bias = self.compute_params(unit, weight, bias)
         pre = self.pre[i][:n]
-        linear_forward(x, weight, bias, pre, self.gemm)
         if i == self.last:
+            linear_forward(x, weight, bias, pre, self.gemm)
             return pre
+        linear_forward(x, weight, None, pre, self.gemm)          # the bias is added by ...
         out = self.x[i + 1][:n]
-        gelu_forward(pre, out, self.tanh_u[i][:n])
+        gelu_forward(pre, out, self.tanh_u[i][:n], bias)         # ... GELU: one kernel on a GPU
         return out
 
     def backward_unit(self, unit, d_out, weight, bias, dweight, dbias, accumulate):

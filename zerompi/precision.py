@@ -1,7 +1,7 @@
 """Precision: what each buffer is stored in, what the arithmetic runs in, what MPI adds up in.
 
-    --dtype    params, grads   compute (matmuls,     Adam state                 P  G  K (bytes/param)
-               (stored)        activations)          (master copy, m, v)
+    --dtype    params, grads   compute (elementwise, Adam state                 P  G  K (bytes/param)
+               (stored)        CPU matmuls)          (master copy, m, v)
     float64    float64         float64               m, v: float64              8  8  16
     float32    float32         float32               m, v: float32              4  4   8
     bf16       bfloat16        float32               master, m, v: float32      2  2  12
@@ -12,10 +12,13 @@ of the ZeRO paper) Adam keeps an fp32 master copy of the parameters it updates a
 16-bit parameters back from it after every step.
 
 NumPy has no fast 16-bit matrix multiply on CPUs (float16 matmul runs a slow generic loop and
-bfloat16 comes from the ml_dtypes package with no BLAS at all), so each layer widens its 16-bit
-weight to float32 in a one-layer work buffer and computes in float32; its gradient is computed in
-float32 and rounded to 16 bits when it is stored. The stored state stays 16-bit; the cost is one
-extra pass over each layer's weights in forward and in backward (see README for the measured cost).
+bfloat16 comes from the ml_dtypes package with no BLAS at all), so on a CPU each layer widens its
+16-bit weight to float32 in a one-layer work buffer and computes in float32; its gradient is
+computed in float32 and rounded to 16 bits when it is stored. The stored state stays 16-bit; the
+cost is one extra pass over each layer's weights in forward and in backward (see README for the
+measured cost). On a GPU the matrix multiplies read the 16-bit weights and 16-bit activations
+directly, on tensor cores, accumulating in float32 (zerompi/gemm.py, zerompi/model.py); the
+elementwise work (GELU, the loss, Adam) stays float32 there too.
 
 Reduction (`reduce_dtype`): MPI has no bfloat16 type, and adding 16-bit numbers in 16 bits loses
 a bit at every one of the N-1 additions. zerompi widens each 16-bit gradient buffer to float32 in
