@@ -76,9 +76,15 @@ def correctness(cuda_aware, folder, report):
         ok &= diff <= 1e-10
         report(f"  stage {stage}  N=2  staged  float64 --overlap on  max rel diff {diff:.1e}  "
                f"{'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
-    tracked = [("float32", 3, (), 1e-3), ("float32", 2, ("--grad-accum", "2"), 1e-3),
-               ("fp16", 3, (), 5e-2), ("bf16", 1, (), 5e-2)]
-    for dtype, stage, extra, limit in tracked:
+    # float32: summation order only (~1e-7 relative per gradient); 16-bit: the GPU rounds its
+    # activations to 16 bits for the tensor cores, the CPU keeps them in float32, so the weights
+    # drift apart by ~lr 2^-8 per step on average (the mean limit; a wrong update would be ~lr per
+    # step), and an element whose gradient is ~0 may flip its update (the max limit, 2 lr per step).
+    steps, lr = 5, 3e-3                              # RUN's steps, zerompi's default --lr
+    tracked = [("float32", 3, (), 1e-4, None), ("float32", 2, ("--grad-accum", "2"), 1e-4, None),
+               ("fp16", 3, (), 2 * lr * steps, lr * steps / 20), ("bf16", 1, (), 2 * lr * steps, lr * steps / 20),
+               ("bf16", 3, ("--grad-accum", "2"), 2 * lr * steps, lr * steps / 20)]
+    for dtype, stage, extra, limit, mean_limit in tracked:
         cpu, _ = train(2, "cpu", dtype, stage, folder, extra=extra)
         try:
             gpu, _ = train(2, "gpu", dtype, stage, folder, {"ZEROMPI_CUDA_AWARE": "0"}, extra)
@@ -87,11 +93,12 @@ def correctness(cuda_aware, folder, report):
                 raise
             report(f"  {dtype}: skipped, this CuPy has no bfloat16 arrays (zerompi says so and exits 2)")
             continue
-        diff = max(float(np.max(np.abs(gpu[k] - cpu[k]))) for k in cpu)   # absolute: weights are O(0.1)
-        passed = diff <= limit
+        diffs = np.concatenate([np.abs(gpu[k] - cpu[k]).ravel() for k in cpu])   # absolute: weights are O(0.1)
+        passed = diffs.max() <= limit and (mean_limit is None or diffs.mean() <= mean_limit)
         ok &= passed
-        report(f"  stage {stage}  N=2  staged  {dtype:>7} {' '.join(extra)}  max abs diff {diff:.1e}  "
-               f"{'ok' if passed else f'FAILED (limit {limit:g})'}")
+        limits = f"limits max {limit:g}" + ("" if mean_limit is None else f", mean {mean_limit:g}")
+        report(f"  stage {stage}  N=2  staged  {dtype:>7} {' '.join(extra)}  max abs diff {diffs.max():.1e}  "
+               f"mean {diffs.mean():.1e}  {'ok' if passed else f'FAILED ({limits})'}")
     if nccl_available():
         cpu, _ = train(1, "cpu", "float64", 3, folder)
         gpu, _ = train(1, "gpu", "float64", 3, folder, extra=("--comm", "nccl"))
