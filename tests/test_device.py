@@ -34,7 +34,7 @@ def fake_cupy(count, raise_on_count=None):
     runtime = types.SimpleNamespace(getDeviceCount=get_count,
                                     getDeviceProperties=lambda i: {"name": b"Stand-in GPU"})
     module = types.ModuleType("cupy")
-    module.cuda = types.SimpleNamespace(runtime=runtime, Device=Device)
+    module.cuda = types.SimpleNamespace(runtime=runtime, Device=Device, get_current_stream=lambda: "the current stream")
     module.used = used
     return module
 
@@ -77,6 +77,24 @@ def test_gpu_is_the_local_rank_modulo_the_visible_gpus(monkeypatch):
         device, error = select_device("auto", {"MPI_LOCALRANKID": str(local)})
         assert error is None and isinstance(device, GPU) and device.index == expected
         assert cupy.used[-1] == expected and "gpu %d of 2" % expected in device.name
+
+
+def test_upload_is_queued_on_the_current_stream(monkeypatch):
+    """The batch indices go up once per step without a wait: set() with a stream is an async copy."""
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(1))
+    device, _ = select_device("gpu", {})
+    calls = []
+
+    class DeviceArray:
+        def set(self, host, stream=None):
+            calls.append((host, stream))
+
+    host = np.arange(3)
+    device.upload(host, DeviceArray())
+    assert calls == [(host, "the current stream")]
+    on_cpu = np.zeros(3, np.int64)
+    CPU().upload(host, on_cpu)
+    np.testing.assert_array_equal(on_cpu, host)
 
 
 def test_the_gpu_is_chosen_before_mpi_starts():

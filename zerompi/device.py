@@ -93,6 +93,12 @@ class CPU:
     def copy_from_host(self, host_array, device_array):
         np.copyto(device_array, host_array)
 
+    def upload(self, host_array, device_array):
+        """Copy host to device without waiting for it: on a GPU the copy is queued on the current
+        stream, so host_array must be pinned (`pinned_bytes`) and must not be written again until
+        the host has waited for the device. On the CPU, a plain copy."""
+        np.copyto(device_array, host_array)
+
 
 class GPU(CPU):
     """CuPy arrays on one CUDA device. Kernels run on CuPy's default stream; `synchronize` waits
@@ -133,6 +139,9 @@ class GPU(CPU):
 
     def copy_from_host(self, host_array, device_array):
         device_array.set(host_array)
+
+    def upload(self, host_array, device_array):
+        device_array.set(host_array, stream=self.xp.cuda.get_current_stream())
 
 
 def check_device(device, dtype_name, comm_backend, ranks_on_node):

@@ -141,6 +141,10 @@ def run(cfg, comm, out, preemption):
     schedule = BatchSchedule(x_train.shape[0], cfg.batch_size, cfg.seed, cfg.shuffle)
     x_micro = xp.empty((K, rows, data.num_features), precision.compute)   # this rank's rows, per micro-batch
     y_micro = xp.empty((K, rows), np.int64)
+    # the indices of those rows: written on the host, uploaded without a wait (a GPU's copy is
+    # queued; the host writes them again only after the step's read of its sums has waited)
+    batch_host = device.pinned_bytes(K * rows * 8).view(np.int64).reshape(K, rows)
+    batch = xp.empty((K, rows), np.int64)
     live = comm.rank == 0 and (cfg.progress == "live" or (cfg.progress == "auto" and out.isatty()))
     status = StatusLine(out, first_step, cfg.steps, cfg.batch_size) if live else None
     out = status or out                                      # log lines scroll above the live line
@@ -167,7 +171,8 @@ def run(cfg, comm, out, preemption):
         if metrics is not None:
             metrics.start_step()
         # global batch -> K micro-batches -> this rank's rows of each
-        batch = device.from_numpy(schedule.global_indices(step).reshape(K, comm.size, rows)[:, comm.rank])
+        np.copyto(batch_host, schedule.global_indices(step).reshape(K, comm.size, rows)[:, comm.rank])
+        device.upload(batch_host, batch)
         for k in range(K):
             xp.take(x_train, batch[k], axis=0, out=x_micro[k])
             xp.take(y_train, batch[k], axis=0, out=y_micro[k])
