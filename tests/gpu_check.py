@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+import ml_dtypes
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,6 +145,27 @@ def gemm_correctness(cupy, report):
         ok &= diff <= 1e-5
         report(f"  gemm {dtype.name} in, float32 out: max rel diff from float32 products {diff:.1e}  "
                f"{'ok' if diff <= 1e-5 else 'FAILED (limit 1e-5)'}")
+        # the gradient GEMMs: dW += dy^T x rounded once into 16 bits, db = 1^T dy, |g|^2 = g g^T
+        dy, x = (rng.standard_normal((48, n)).astype(dtype) for n in (32, 24))
+        start = rng.standard_normal((32, 24)).astype(dtype)
+        dweight = cupy.asarray(start)
+        gemm(cupy.asarray(dy), cupy.asarray(x), dweight, trans_a=True, accumulate=True)
+        want = (start.astype(np.float32) + dy.astype(np.float32).T @ x.astype(np.float32)).astype(dtype)
+        ulps = float(np.max(np.abs(cupy.asnumpy(dweight).astype(np.float32) - want.astype(np.float32))   # ulps of
+                            / np.maximum(np.abs(want.astype(np.float32)), 1.0))) / float(ml_dtypes.finfo(dtype).eps)  # max(|w|, 1)
+        dbias = cupy.zeros((1, 24), dtype)
+        gemm(cupy.ones((1, 48), dtype), cupy.asarray(x), dbias)
+        bias_diff = float(np.max(np.abs(cupy.asnumpy(dbias)[0].astype(np.float32) - x.astype(np.float32).sum(0))))
+        square = cupy.zeros((1, 1), np.float32)
+        flat = cupy.asarray(x.reshape(-1))
+        gemm(flat[None, :], flat[None, :], square, trans_b=True)
+        want_square = float(np.dot(x.astype(np.float32).ravel(), x.astype(np.float32).ravel()))
+        square_diff = abs(float(square[0, 0]) - want_square) / want_square
+        passed = ulps <= 1.0 and bias_diff <= 0.25 and square_diff <= 1e-5
+        ok &= passed
+        report(f"  gemm {dtype.name} dW += dy^T x: {ulps:.2f} ulp from rounding once; db = 1^T dy: max abs "
+               f"diff {bias_diff:.1e}; g g^T: rel diff {square_diff:.1e}  "
+               f"{'ok' if passed else 'FAILED (limits 1 ulp, 0.25, 1e-5)'}")
     return ok
 
 

@@ -25,7 +25,8 @@ def placeholder_types(dtype_name):
     precision = precision_for(dtype_name)
     compute, storage = C_TYPE[precision.compute.name], C_TYPE[precision.storage.name]
     kernels = {"add_bias": dict(T=compute, B=storage), "gelu_forward": dict(T=compute, Y=storage),
-               "bias_gelu_forward": dict(T=compute, B=storage, Y=storage), "gelu_backward": dict(T=compute, D=storage), "sum_of_squares": dict(T=storage)}
+               "bias_gelu_forward": dict(T=compute, B=storage, Y=storage),
+               "gelu_backward": dict(T=compute, D=storage)}
     if precision.mixed:
         kernels["adamw_mixed"] = dict(T=compute, G=storage, P=storage)
     else:
@@ -43,13 +44,7 @@ def declarations(params, output):
 
 def kernel_source(name, types):
     """A CUDA source holding the kernel's body as CuPy would wrap it."""
-    if name == "sum_of_squares":
-        in_params, out_params, map_expr, reduce_expr, post, identity = gpu_kernels.SUM_OF_SQUARES
-        body = (f"    double a = {map_expr}; double b = {identity};\n    a = {reduce_expr};\n"
-                f"    {post.replace('total', 'total_')};")
-        out_params = "double total_"
-    else:
-        in_params, out_params, body = gpu_kernels.elementwise_sources()[name]
+    in_params, out_params, body = gpu_kernels.elementwise_sources()[name]
     arguments = ", ".join(f"{t}* _{n}" for t, n in (p.split() for p in f"{in_params}, {out_params}".split(",")))
     typedefs = "\n".join(f"typedef {c_type} {placeholder};" for placeholder, c_type in types.items())
     return "\n".join(["#include <cupy/carray.cuh>", "#include <cupy/float16.cuh>", "#include <cupy/bfloat16.cuh>",

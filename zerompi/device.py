@@ -156,7 +156,7 @@ def check_device(device, dtype_name, comm_backend, ranks_on_node):
     if device.is_gpu and dtype_name == "bf16":
         from .precision import BF16
         try:
-            device.zeros(1, BF16)
+            device.zeros(2, BF16).astype(np.float32)     # a kernel on bfloat16, not only a memset
         except Exception:
             return "--dtype bf16: this CuPy has no bfloat16 arrays; on the GPU use fp16 or float32"
     return None

@@ -9,7 +9,6 @@ device memory, so each formula is one kernel here, with the same math:
     bias_gelu_forward   x += bias, then gelu_forward                   reads x, bias;  writes x, y, t
     gelu_backward   dx = dy (1 - s/2)(1 + q s),  s = 1 - t,
                     q = c x (1 + 3 a x^2)                              reads dy, x, t; writes dx
-    sum_of_squares  sum of x^2, in float64                             reads x
     adamw           g' = g * multiplier;  p *= 1 - lr wd;
                     m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2
                     p -= step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps)
@@ -21,9 +20,9 @@ machines without it). T is the compute dtype (float32/float64), G the gradient's
 P the parameters' (16-bit in mixed precision). The outputs Y of gelu_forward and D of
 gelu_backward are what the next matrix multiply reads (zerompi/model.py): T, or in mixed precision
 16 bits, rounded once as the kernel writes them, so feeding the tensor cores costs no extra pass.
-A 16-bit bias (B) and 16-bit gradients are widened as they are read.
+A 16-bit bias (B) and 16-bit gradients (G) are widened as they are read.
 
-The kernels' sources are data (`elementwise_sources`, `SUM_OF_SQUARES`), so that
+The kernels' sources are data (`elementwise_sources`), so that
 tests/kernel_compile_check.py can compile each with NVRTC for every dtype it meets, on a machine
 without a GPU.
 """
@@ -37,10 +36,6 @@ _ADAMW = """
     p = p - step_size * (m / (sqrt(v) / sqrt_bias2 + eps));
 """
 _ADAMW_INPUTS = "G g_in, T multiplier, T decay, T beta1, T beta2, T step_size, T sqrt_bias2, T eps"
-
-# (input, output, map, reduce, post-reduction, identity) of the sum-of-squares cupy.ReductionKernel
-SUM_OF_SQUARES = ("T x", "float64 total", "(double)x * (double)x", "a + b", "total = a", "0")
-
 
 def elementwise_sources():
     """{name: (input params, output params, body)} of each cupy.ElementwiseKernel."""
@@ -67,10 +62,7 @@ def _kernel(name):
     """The compiled kernel (CuPy compiles on first call for each dtype combination)."""
     if name not in _kernels:
         import cupy
-        if name == "sum_of_squares":
-            _kernels[name] = cupy.ReductionKernel(*SUM_OF_SQUARES, "zerompi_sum_of_squares")
-        else:
-            _kernels[name] = cupy.ElementwiseKernel(*elementwise_sources()[name], f"zerompi_{name}")
+        _kernels[name] = cupy.ElementwiseKernel(*elementwise_sources()[name], f"zerompi_{name}")
     return _kernels[name]
 
 
@@ -87,11 +79,6 @@ def gelu_forward(x, y, tanh_u, bias=None):
 
 def gelu_backward(dy, x, tanh_u, dx):
     _kernel("gelu_backward")(dy, x, tanh_u, dx)
-
-
-def sum_of_squares(x):
-    """sum of x^2 over all of x, accumulated in float64: a 0-d float64 array on the device."""
-    return _kernel("sum_of_squares")(x)
 
 
 def adamw(grad, master, m, v, param, multiplier, decay, beta1, beta2, step_size, sqrt_bias2, eps):

@@ -28,8 +28,9 @@ and the device decides how the matrix multiplies read them (shapes as above):
 
 `grad_work` also serves NumPy's gradient accumulation in full precision (numpy's matmul cannot
 add into its output: compute, then add), and widens 16-bit gradients for their sum of squares
-(zerompi/train_step.py); on a GPU the GEMM adds and a reduction kernel widens, so it has none.
-In full precision on a GPU the same GEMMs run on float32 or float64 operands (no TF32).
+(zerompi/train_step.py); on a GPU the GEMM adds, and a gradient's sum of squares is the 1 x 1
+GEMM g g^T (16-bit read, float32 accumulated), so it has none. In full precision on a GPU the
+same GEMMs run on float32 or float64 operands (no TF32).
 
 Parameters start as in torch.nn.Linear: W, b ~ U(-1/sqrt(I), 1/sqrt(I)), drawn per unit from
 numpy's generator seeded with (seed, unit index), so they do not depend on N or the stage.
@@ -63,14 +64,15 @@ class MLP:
                              for u in self.units[1:]]
         self.d_logits = (alloc("activations", "d_logits", (B, self.units[-1].out_features), operand)
                          if operand != dtype else None)          # the loss's float32 gradient, rounded
-        self.ones = None                                         # (B,) of 1s: db = 1^T d_pre by GEMM
+        self.ones = self.square_sum = None
         if self.gemm:
-            self.ones = alloc("work", "mlp.ones", (B,), operand)
+            self.ones = alloc("work", "mlp.ones", (B,), operand)             # db = 1^T d_pre by GEMM
             self.ones[...] = 1
+            self.square_sum = alloc("work", "mlp.square_sum", (1, 1), dtype)  # g g^T (train_step.py)
         self.param_work = (alloc("work", "mlp.param_work", (layout.max_unit_padded,), dtype)
                            if precision.mixed and not self.gemm else None)
         self.grad_work = (alloc("work", "mlp.grad_work", (layout.max_unit_padded,), dtype)
-                          if memory.device.xp is np and (precision.mixed or micro_batches > 1) else None)
+                          if (precision.mixed or micro_batches > 1) and not self.gemm else None)
 
     def load_input(self, x):
         """Copy a batch x (n, sizes[0]) into the first input buffer; returns the view used."""

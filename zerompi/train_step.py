@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu_kernels
 from .device import array_module, to_numpy
 from .layers import softmax_cross_entropy
 from .precision import is_16bit
@@ -85,7 +84,7 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
         # (units + 2,): each unit's owned sum of squares, then this rank's loss and correct count
         sums = zero.step_sums                            # preallocated, float64, where the arrays live
         for u, grad in enumerate(zero.grad_partition()):
-            sums[u] = sum_of_squares(grad, mlp.grad_work)
+            sums[u] = sum_of_squares(grad, mlp)
         sums[-2] = loss_part
         sums[-1] = correct
     zero.comm.allreduce_sum(sums, "metrics")
@@ -105,14 +104,15 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
     return result
 
 
-def sum_of_squares(a, scratch):
-    """sum of x^2 over the 1-D array a, in float64, as a scalar where a lives. NumPy widens a
-    16-bit a into scratch (float32) first; on a GPU one reduction kernel widens as it reads."""
-    xp = array_module(a)
-    if xp is not np:
-        return gpu_kernels.sum_of_squares(a)
+def sum_of_squares(a, mlp):
+    """sum of x^2 over the 1-D array a, as a scalar where a lives. With the device's GEMM: a a^T as
+    a 1 x 1 GEMM into mlp.square_sum, reading 16-bit a as it is and accumulating in float32 (float64
+    for float64); with NumPy: a dot, a 16-bit a first widened into mlp.grad_work (float32)."""
+    if mlp.gemm is not None:
+        mlp.gemm(a[None, :], a[None, :], mlp.square_sum, trans_b=True)
+        return mlp.square_sum[0, 0]
     if is_16bit(a):
-        widened = scratch[:a.size]
+        widened = mlp.grad_work[:a.size]
         widened[...] = a
         a = widened
     return np.dot(a, a).astype(np.float64)

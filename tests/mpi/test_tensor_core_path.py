@@ -8,8 +8,10 @@ them. Run under mpirun at N = 1, 2, 3, 4, 8 with real collectives:
 
 - bf16 and fp16, every stage, with and without gradient accumulation: within the mixed tolerance
   of single-process AdamW (tests/mpi/test_equivalence.py's criterion for the CPU's mixed runs);
-- it really is the 16-bit path: the operand buffers are 16-bit, no weight is widened, and the
-  weights differ from the CPU's widening path (which keeps activations in float32);
+- it really is the 16-bit path: the operand buffers are 16-bit, no weight is widened, no gradient
+  passes through a float32 work buffer (the GEMM adds and rounds; each gradient's sum of squares
+  is the GEMM g g^T), and the weights differ from the CPU's widening path (which keeps
+  activations in float32);
 - float32 and float64 through the GEMMs (as on a GPU in full precision): the CPU's weights, to
   float32's and float64's summation-order tolerance, accumulation (beta = 1) included.
 """
@@ -40,7 +42,7 @@ def test_16bit_gemm_path_matches_single_process_adamw(stage, dtype, accumulate):
     batches = make_batches(SIZES, 3)
     engine = assert_mixed_run_matches_reference(stage, SIZES, dtype, batches, k, gemm_comm())
     mlp = engine.mlp
-    assert mlp.param_work is None
+    assert mlp.param_work is None and mlp.grad_work is None      # nothing widened, nothing added outside the GEMM
     assert all(x.dtype == dtype for x in mlp.x) and all(d.dtype == dtype for d in mlp.d_pre)
     assert mlp.d_logits.dtype == dtype and all(p.dtype == np.float32 for p in mlp.pre)
     assert ("work", "mlp.ones") in [(kind, name) for kind, name, *_ in engine.memory.buffers]
