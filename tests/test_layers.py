@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from reference import initial_weights, loss_and_grads
-from zerompi.layers import (GELU_A, GELU_C, gelu_backward, gelu_forward, linear_backward,
+from zerompi.layers import (GELU_A, GELU_C, LossScratch, gelu_backward, gelu_forward, linear_backward,
                             linear_forward, softmax_cross_entropy)
 
 EPS = 1e-6
@@ -228,7 +228,7 @@ def test_softmax_cross_entropy_dlogits_may_alias_logits():
     want = softmax_cross_entropy(logits, labels, 8, d)
     aliased = logits.copy()
     got = softmax_cross_entropy(aliased, labels, 8, aliased)
-    assert got == want                          # same loss (bitwise) and the same correct count
+    np.testing.assert_array_equal(got, want)    # same loss (bitwise) and the same correct count
     np.testing.assert_array_equal(aliased, d)
 
 
@@ -244,10 +244,31 @@ def test_softmax_cross_entropy_counts_correct():
     for aliased in (False, True):
         z = logits.copy()
         _, correct = softmax_cross_entropy(z, labels, 5, z if aliased else np.empty_like(z))
-        assert correct == 3
-        assert np.issubdtype(np.asarray(correct).dtype, np.integer)   # a count, not a float
+        assert correct == 3                     # a count held exactly in float64 (beside the loss)
     _, correct = softmax_cross_entropy(logits.copy(), argmax, 5, np.empty_like(logits))
     assert correct == 5
+
+
+def test_softmax_cross_entropy_with_scratch_allocates_nothing_and_reuses_its_buffers():
+    """The training loop's loss writes only into its LossScratch (preallocated for B rows) and the
+    dlogits it is given: the same results as fresh buffers, for a batch smaller than B too."""
+    rng = np.random.default_rng(7)
+    allocated = []
+
+    def alloc(kind, name, shape, dtype):
+        allocated.append(name)
+        return np.full(shape, 7, dtype)                 # garbage: nothing may depend on it
+    scratch = LossScratch(6, 4, np.float64, alloc)
+    names = list(allocated)
+    for n in (6, 4, 6):
+        logits, labels = rng.standard_normal((n, 4)) * 3, rng.integers(0, 4, n)
+        want_d = np.empty_like(logits)
+        want = softmax_cross_entropy(logits.copy(), labels, 9, want_d, 2.0)
+        got_d = logits.copy()
+        got = softmax_cross_entropy(got_d, labels, 9, got_d, 2.0, scratch)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got_d, want_d)
+        assert got is scratch.totals and allocated == names
 
 
 def test_softmax_cross_entropy_stable_for_huge_logits():

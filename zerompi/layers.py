@@ -137,23 +137,65 @@ def gelu_backward(dy, x, tanh_u, dx):
     dx *= dy                             # dx = dy * GELU'(x)
 
 
-def softmax_cross_entropy(logits, labels, global_batch, dlogits, loss_scale=1.0):
+class LossScratch:
+    """softmax_cross_entropy's work buffers for up to B rows of C classes, allocated once, so that
+    the loss allocates nothing per micro-batch (on NumPy and CuPy alike). alloc(kind, name, shape,
+    dtype) is the memory ledger's."""
+
+    def __init__(self, rows, classes, dtype, alloc):
+        self.row_max = alloc("activations", "loss.row_max", (rows,), dtype)      # max z, then sum exp(z - max z)
+        self.picked = alloc("activations", "loss.picked", (rows,), dtype)        # z_label - max z, then p_label
+        self.row_loss = alloc("activations", "loss.row_loss", (rows,), dtype)    # -log softmax(z)[label]
+        self.predicted = alloc("activations", "loss.predicted", (rows,), np.int64)   # argmax z
+        self.hits = alloc("activations", "loss.hits", (rows,), np.bool_)         # predicted == label
+        self.label_index = alloc("activations", "loss.label_index", (rows,), np.int64)   # row C + label
+        self.row_start = alloc("activations", "loss.row_start", (rows,), np.int64)       # row C
+        self.row_start[...] = array_module(self.row_start).arange(rows) * classes
+        self.totals = alloc("activations", "loss.totals", (2,), np.float64)      # (loss part, correct)
+
+
+def softmax_cross_entropy(logits, labels, global_batch, dlogits, loss_scale=1.0, scratch=None):
     """Loss summed over the local rows and divided by the global batch size.
 
-    logits (B, C), labels (B,) int -> returns (loss_part, correct); writes
+    logits (B, C), labels (B,) int -> returns totals (2,) float64 = (loss_part, correct); writes
     dlogits (B, C) = loss_scale (softmax(logits) - onehot(labels)) / global_batch. dlogits may alias logits.
     loss_part summed over ranks is the mean loss of the global batch; correct counts argmax hits.
-    Both are scalars where the arrays live (0-d CuPy arrays on a GPU: reading them would wait).
+    totals lives where the arrays do (on a GPU: reading it would wait), in scratch (a LossScratch;
+    None: fresh buffers for this one call).
     """
     xp = array_module(logits)
-    rows = xp.arange(labels.shape[0])
-    correct = xp.count_nonzero(xp.argmax(logits, axis=1) == labels)
-    xp.subtract(logits, logits.max(axis=1, keepdims=True), out=dlogits)   # z - max z (stable)
-    picked = dlogits[rows, labels].copy()                                # z_label - max z
+    n, classes = logits.shape
+    if scratch is None:
+        scratch = LossScratch(n, classes, logits.dtype, lambda kind, name, shape, dtype: xp.zeros(shape, dtype))
+    row_max, picked, row_loss = scratch.row_max[:n], scratch.picked[:n], scratch.row_loss[:n]
+    label_index, totals = scratch.label_index[:n], scratch.totals
+    xp.argmax(logits, axis=1, out=scratch.predicted[:n])
+    xp.equal(scratch.predicted[:n], labels, out=scratch.hits[:n])
+    xp.sum(scratch.hits[:n], axis=0, dtype=np.float64, keepdims=True, out=totals[1:])    # correct
+    xp.max(logits, axis=1, out=row_max)
+    xp.subtract(logits, row_max[:, None], out=dlogits)                  # z - max z (stable)
+    xp.add(scratch.row_start[:n], labels, out=label_index)
+    flat = dlogits.reshape(-1)                                          # (n C,): element (row, label) at label_index
+    _take(xp, flat, label_index, picked)                                # z_label - max z
     xp.exp(dlogits, out=dlogits)
-    sum_exp = dlogits.sum(axis=1)
-    loss_part = xp.sum(xp.log(sum_exp) - picked).astype(xp.float64) / global_batch   # -log softmax(z)[label]
-    dlogits /= sum_exp[:, None]                                          # softmax(z)
-    dlogits[rows, labels] -= 1.0                                         # - onehot
+    sum_exp = row_max                                                   # (max z is no longer needed)
+    xp.sum(dlogits, axis=1, out=sum_exp)
+    xp.log(sum_exp, out=row_loss)
+    row_loss -= picked                                                  # -log softmax(z)[label]
+    xp.sum(row_loss, axis=0, dtype=np.float64, keepdims=True, out=totals[:1])
+    totals[:1] /= global_batch                                          # loss_part
+    dlogits /= sum_exp[:, None]                                         # softmax(z)
+    _take(xp, flat, label_index, picked)
+    picked -= 1.0
+    xp.put(flat, label_index, picked)                                   # - onehot
     dlogits *= loss_scale / global_batch
-    return loss_part, correct
+    return totals
+
+
+def _take(xp, a, index, out):
+    """out = a[index], with no temporary: NumPy's take buffers `out` unless mode='clip' (the indices
+    are in range), and CuPy's take has no mode."""
+    if xp is np:
+        np.take(a, index, out=out, mode="clip")
+    else:
+        xp.take(a, index, out=out)

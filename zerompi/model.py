@@ -37,7 +37,8 @@ numpy's generator seeded with (seed, unit index), so they do not depend on N or 
 """
 import numpy as np
 
-from .layers import gelu_backward, gelu_forward, linear_backward, linear_backward_gemm, linear_forward
+from .layers import (LossScratch, gelu_backward, gelu_forward, linear_backward, linear_backward_gemm,
+                     linear_forward)
 
 
 def init_unit_values(unit, seed):
@@ -64,6 +65,8 @@ class MLP:
                              for u in self.units[1:]]
         self.d_logits = (alloc("activations", "d_logits", (B, self.units[-1].out_features), operand)
                          if operand != dtype else None)          # the loss's float32 gradient, rounded
+        self.loss_scratch = LossScratch(B, self.units[-1].out_features, dtype, alloc)
+        self.step_totals = alloc("activations", "step_totals", (2,), np.float64)   # (train_step.py)
         self.ones = self.square_sum = None
         if self.gemm:
             self.ones = alloc("work", "mlp.ones", (B,), operand)             # db = 1^T d_pre by GEMM

@@ -52,11 +52,12 @@ def forward(zero, mlp, x):
 
 def forward_backward(zero, mlp, x, labels, global_batch, loss_scale):
     """One micro-batch on this rank's rows x (n, sizes[0]), labels (n,): gradients into the stage's
-    buffers. Returns (this rank's part of the mean loss, its correct predictions)."""
+    buffers. Returns (2,) float64 (this rank's part of the mean loss, its correct predictions),
+    in the MLP's loss scratch (overwritten by the next micro-batch)."""
     tracer = zero.comm.tracer
     logits = forward(zero, mlp, x)
     start = tracer and tracer.now()
-    loss_part, correct = softmax_cross_entropy(logits, labels, global_batch, logits, loss_scale)
+    totals = softmax_cross_entropy(logits, labels, global_batch, logits, loss_scale, mlp.loss_scratch)
     if tracer:
         tracer.span("loss", "compute", start)
     d_h = logits                                   # now d_logits, in place
@@ -67,26 +68,24 @@ def forward_backward(zero, mlp, x, labels, global_batch, loss_scale):
         if tracer:
             tracer.span(f"backward {unit.index}", "compute", start, layer=unit.index)
         zero.after_backward(unit)
-    return loss_part, correct
+    return totals
 
 
 def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_grad_norm=0.0):
     """One optimizer step over micro_batches [(x, labels), ...] (this rank's rows of each)."""
-    loss_part = correct = 0.0           # scalars where the arrays live: on a GPU, nothing waits for them
+    step_totals = mlp.step_totals       # (2,) this rank's (loss part, correct), where the arrays live:
+    step_totals[...] = 0                # on a GPU nothing waits for them
     with np.errstate(over="ignore", invalid="ignore"):   # an inf/NaN is detected below, not warned about
         micro_batches = list(micro_batches)
         for k, (x, labels) in enumerate(micro_batches):
             zero.start_micro_batch(first=k == 0, last=k == len(micro_batches) - 1)
-            micro_loss, micro_correct = forward_backward(zero, mlp, x, labels, global_batch, loss_scale)
-            loss_part = loss_part + micro_loss
-            correct = correct + micro_correct
+            step_totals += forward_backward(zero, mlp, x, labels, global_batch, loss_scale)
         zero.reduce_grads()
         # (units + 2,): each unit's owned sum of squares, then this rank's loss and correct count
         sums = zero.step_sums                            # preallocated, float64, where the arrays live
         for u, grad in enumerate(zero.grad_partition()):
             sums[u] = sum_of_squares(grad, mlp)
-        sums[-2] = loss_part
-        sums[-1] = correct
+        sums[-2:] = step_totals
     zero.comm.allreduce_sum(sums, "metrics")
     host_sums = to_numpy(sums)                           # the step's one read from a GPU
     unit_squares = host_sums[:-2]
@@ -95,7 +94,7 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
     if not (math.isfinite(grad_norm) and math.isfinite(result.loss)):
         bad = np.flatnonzero(~np.isfinite(unit_squares))
         result.bad_layer = int(bad[0]) if bad.size else -1
-        result.local_loss_finite = math.isfinite(loss_part)
+        result.local_loss_finite = math.isfinite(float(to_numpy(step_totals)[0]))
         return result                              # skipped on every rank alike
     clip = min(1.0, max_grad_norm / (grad_norm + 1e-6)) if max_grad_norm > 0 else 1.0
     zero.update(lr, grad_multiplier=clip / loss_scale)
