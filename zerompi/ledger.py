@@ -9,9 +9,11 @@ MemoryLedger: every buffer of the training state is allocated through `alloc`, b
     work                       one-unit buffers (stage 2-3 gradient bucket and parameter gather,
                                float32 staging for 16-bit reductions and compute; stage 0's
                                staging holds a gradient bucket), Adam's chunk scratch, --overlap's
-                               second buffers, pinned host staging on a GPU: each allocated only
-                               where its code path runs
-    activations                the forward/backward activation buffers of the local batch
+                               second buffers, pinned host staging on a GPU, the GPU GEMMs' row of
+                               ones and 1 x 1 sum of squares: each allocated only where its code
+                               path runs
+    activations                the forward/backward activation buffers of the local batch, and
+                               the loss's (B,) work buffers
 Nothing is allocated or freed inside the training loop, so the live total is also the peak. The
 OS-measured peak resident set size (getrusage) is reported beside it.
 
