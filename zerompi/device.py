@@ -30,7 +30,7 @@ let the local rank choose (the scripts in slurm/ do).
 """
 import numpy as np
 
-from . import gemm
+from .gemm import gemm as cublas_gemm
 from .launch import first_number
 
 DEVICE_CHOICES = ("auto", "cpu", "gpu")
@@ -107,7 +107,7 @@ class GPU(CPU):
     which comm.py does before handing device memory to MPI."""
 
     is_gpu = True
-    gemm = staticmethod(gemm.gemm)   # cuBLAS GemmEx: 16-bit inputs on tensor cores (zerompi/gemm.py)
+    gemm = staticmethod(cublas_gemm)   # cuBLAS GemmEx: 16-bit inputs on tensor cores (zerompi/gemm.py)
 
     def __init__(self, cupy, index, count):
         self.xp = cupy
