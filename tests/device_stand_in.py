@@ -14,7 +14,7 @@ through zerompi/gemm.py's `cublas_arguments`, exactly the arguments cuBLAS would
 import numpy as np
 
 from zerompi.device import CPU
-from zerompi.gemm import CUBLAS_COMPUTE_32F, CUBLAS_OP_N, cublas_arguments
+from zerompi.gemm import ACCUMULATE, CUBLAS_COMPUTE_32F, CUBLAS_OP_N, cublas_arguments
 
 
 def column_major(array, rows, cols, ld):
@@ -41,7 +41,7 @@ def stand_in_gemm(a, b, c, trans_a=False, trans_b=False, accumulate=False):
     """zerompi.gemm.gemm, with column_major_gemm in place of the cuBLAS call."""
     assert a.dtype == b.dtype
     transa, transb, m, n, k, first, lda, second, ldb, ldc = cublas_arguments(a, b, c, trans_a, trans_b)
-    compute = CUBLAS_COMPUTE_32F if a.dtype.itemsize <= 4 else None
+    compute = ACCUMULATE[a.dtype.name]
     column_major_gemm(transa, transb, m, n, k, first, lda, second, ldb, c, ldc, compute, accumulate)
 
 

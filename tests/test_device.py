@@ -6,13 +6,14 @@ module (the real one needs a GPU); the GPU itself is exercised by examples/gpu_c
 """
 import subprocess
 import sys
+import tracemalloc
 import types
 
 import numpy as np
 import pytest
 
 from zerompi import mpi_cuda
-from zerompi.device import CPU, GPU, array_module, check_device, local_rank, select_device, to_numpy
+from zerompi.device import CPU, GPU, array_module, check_device, local_rank, select_device, take, to_numpy
 
 
 def fake_cupy(count, raise_on_count=None):
@@ -95,6 +96,20 @@ def test_upload_is_queued_on_the_current_stream(monkeypatch):
     on_cpu = np.zeros(3, np.int64)
     CPU().upload(host, on_cpu)
     np.testing.assert_array_equal(on_cpu, host)
+
+
+def test_take_writes_rows_into_out_without_a_temporary():
+    """The batch gather of every step (train.py): NumPy's default take would buffer out."""
+    data = np.random.default_rng(0).standard_normal((1000, 512))
+    index = np.arange(999, -1, -4)
+    out = np.empty((index.size, 512))
+    take(data, index, out, axis=0)
+    np.testing.assert_array_equal(out, data[index])
+    tracemalloc.start()
+    take(data, index, out, axis=0)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < out.nbytes / 100
 
 
 def test_the_gpu_is_chosen_before_mpi_starts():

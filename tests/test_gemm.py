@@ -4,12 +4,21 @@ cublas_arguments turns c = op(a) @ op(b) on row-major arrays into cublasGemmEx's
 Replayed by a column-major GEMM written out in NumPy (tests/device_stand_in.py: what cuBLAS does
 with those arguments), every transpose combination and shape must give NumPy's matmul; a swapped
 operand, transpose flag or leading dimension gives another matrix or reads out of place.
+
+gemm() itself runs against stand-in `cupy.cuda.device` and `cupy_backends.cuda.libs.cublas`
+modules whose gemmEx maps each pointer back to its array, checks the data types and the alpha and
+beta it reads from host memory, and replays the call: the argument order, scalars and types that
+only a GPU would otherwise check.
 """
+import ctypes
+import sys
+import types
+
 import ml_dtypes
 import numpy as np
 import pytest
 
-from device_stand_in import stand_in_gemm
+from device_stand_in import column_major_gemm, stand_in_gemm
 from zerompi import gemm
 from zerompi.precision import precision_for
 
@@ -86,5 +95,77 @@ def test_every_precision_has_a_cuda_type_and_an_accumulation_type(name):
     precision = precision_for(name)
     for dtype in (precision.storage, precision.compute):
         assert dtype.name in gemm.CUDA_TYPE
-    assert gemm._ACCUMULATE[precision.storage.name] == (
+    assert gemm.ACCUMULATE[precision.storage.name] == (
         gemm.CUBLAS_COMPUTE_64F if precision.storage.itemsize == 8 else gemm.CUBLAS_COMPUTE_32F)
+
+
+# ---------------------------------------------------------------- gemm() itself, with a stand-in cuBLAS
+
+class HostAsDevice(np.ndarray):
+    """A NumPy array with CuPy's `.data.ptr`: what zerompi.gemm hands to cuBLAS."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+def stand_in_cuda(monkeypatch, arrays):
+    """Install `cupy.cuda.device` and `cupy_backends.cuda.libs.cublas` stand-ins whose gemmEx finds
+    the arrays behind its pointers and does what cuBLAS does with them; returns the call log."""
+    calls = []
+    by_pointer = {a.ctypes.data: a for a in arrays}
+    by_type = {code: name for name, code in gemm.CUDA_TYPE.items()}
+
+    def scalar(pointer, compute):
+        c_type = ctypes.c_float if compute == gemm.CUBLAS_COMPUTE_32F else ctypes.c_double
+        return c_type.from_address(pointer).value
+
+    def gemm_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
+                compute, algo):
+        first, second, out = by_pointer[A], by_pointer[B], by_pointer[C]
+        assert (by_type[Atype], by_type[Btype], by_type[Ctype]) == (first.dtype.name, second.dtype.name,
+                                                                     out.dtype.name)
+        assert scalar(alpha, compute) == 1.0 and scalar(beta, compute) in (0.0, 1.0)
+        calls.append((handle, algo))
+        column_major_gemm(transa, transb, m, n, k, first, lda, second, ldb, out, ldc, compute,
+                          accumulate=scalar(beta, compute) == 1.0)
+
+    cublas = types.SimpleNamespace(setPointerMode=lambda handle, mode: calls.append(("mode", mode)),
+                                   gemmEx=gemm_ex)
+    device = types.SimpleNamespace(get_cublas_handle=lambda: "handle")
+    for name, module in (("cupy", types.SimpleNamespace()), ("cupy.cuda", types.SimpleNamespace(device=device)),
+                         ("cupy_backends", types.SimpleNamespace()), ("cupy_backends.cuda", types.SimpleNamespace()),
+                         ("cupy_backends.cuda.libs", types.SimpleNamespace(cublas=cublas))):
+        monkeypatch.setitem(sys.modules, name, module)
+    return calls
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("dtype,out_dtype,accumulate", [(np.float64, np.float64, False), (BF16, np.float32, False),
+                                                        (np.float16, np.float16, True), (np.float32, np.float32, True)])
+def test_gemm_hands_cublas_the_right_pointers_types_and_scalars(monkeypatch, trans_a, trans_b, dtype, out_dtype,
+                                                                accumulate):
+    rng = np.random.default_rng(3)
+    a, b = (x.view(HostAsDevice) for x in operands(5, 7, 3, trans_a, trans_b, dtype, rng))
+    start = rng.standard_normal((5, 3)).astype(out_dtype)
+    c = start.copy().view(HostAsDevice)
+    calls = stand_in_cuda(monkeypatch, [a, b, c])
+    gemm.gemm(a, b, c, trans_a, trans_b, accumulate)
+    wide = np.float64 if dtype == np.float64 else np.float32
+    want = (a.T if trans_a else a).astype(wide) @ (b.T if trans_b else b).astype(wide)
+    if accumulate:
+        want += start.astype(wide)
+    np.testing.assert_array_equal(np.asarray(c), want.astype(out_dtype))
+    assert calls == [("mode", gemm.CUBLAS_POINTER_MODE_HOST), ("handle", gemm.CUBLAS_GEMM_DEFAULT)]
+
+
+def test_gemm_refuses_mixed_operands_and_skips_an_empty_product(monkeypatch):
+    a, b = np.zeros((2, 3), np.float16).view(HostAsDevice), np.zeros((3, 4), np.float32).view(HostAsDevice)
+    c = np.zeros((2, 4), np.float32).view(HostAsDevice)
+    calls = stand_in_cuda(monkeypatch, [a, b, c])
+    with pytest.raises(TypeError, match="float16 but b is float32"):
+        gemm.gemm(a, b, c)
+    empty = np.zeros((0, 4), np.float32).view(HostAsDevice)
+    gemm.gemm(np.zeros((0, 3), np.float32).view(HostAsDevice), b, empty)
+    assert calls == []

@@ -48,6 +48,16 @@ def array_module(array):
     return np if isinstance(array, np.ndarray) else _cupy()
 
 
+def take(array, index, out, axis=None):
+    """out = array.take(index, axis), with no temporary: NumPy's take buffers `out` (a temporary of
+    its size) unless mode='clip', which only matters for indices out of range (the callers' never
+    are); CuPy's take writes straight into out and has no mode."""
+    if isinstance(array, np.ndarray):
+        np.take(array, index, axis=axis, out=out, mode="clip")
+    else:
+        _cupy().take(array, index, axis=axis, out=out)
+
+
 def to_numpy(array):
     """A host (NumPy) array with array's values: array itself on the CPU, a copy from a GPU."""
     return array if isinstance(array, np.ndarray) else array.get()

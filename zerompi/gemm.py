@@ -6,7 +6,8 @@
     float16             float32, float16  float32                  tensor cores
     bfloat16            float32, bfloat16 float32                  tensor cores
     float32             float32           float32 (no TF32)        CUDA cores
-    float64             float64           float64                  CUDA cores
+    float64             float64           float64                  FP64 units (tensor cores
+                                                                   on A100, H100, H200)
 
 Why not cupy.matmul: it writes its result in the inputs' dtype, so 16-bit inputs would give a
 16-bit pre-activation (or a cast afterwards: another pass and a temporary), and it cannot add into
@@ -37,7 +38,7 @@ CUBLAS_POINTER_MODE_HOST = 0
 CUDA_TYPE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}   # cudaDataType_t
 
 # the accumulation type for each input dtype, and alpha/beta in it (read from host memory)
-_ACCUMULATE = {"float16": CUBLAS_COMPUTE_32F, "bfloat16": CUBLAS_COMPUTE_32F,
+ACCUMULATE = {"float16": CUBLAS_COMPUTE_32F, "bfloat16": CUBLAS_COMPUTE_32F,
                "float32": CUBLAS_COMPUTE_32F, "float64": CUBLAS_COMPUTE_64F}
 _SCALARS = {CUBLAS_COMPUTE_32F: (np.ones(1, np.float32), np.zeros(1, np.float32)),
             CUBLAS_COMPUTE_64F: (np.ones(1, np.float64), np.zeros(1, np.float64))}
@@ -69,7 +70,7 @@ def gemm(a, b, c, trans_a=False, trans_b=False, accumulate=False):
     transa, transb, m, n, k, first, lda, second, ldb, ldc = cublas_arguments(a, b, c, trans_a, trans_b)
     if c.size == 0:
         return
-    compute = _ACCUMULATE[a.dtype.name]
+    compute = ACCUMULATE[a.dtype.name]
     one, zero = _SCALARS[compute]
     handle = device.get_cublas_handle()
     cublas.setPointerMode(handle, CUBLAS_POINTER_MODE_HOST)

@@ -37,7 +37,7 @@ import math
 import numpy as np
 
 from . import gpu_kernels
-from .device import array_module
+from .device import array_module, take
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
@@ -158,14 +158,19 @@ def softmax_cross_entropy(logits, labels, global_batch, dlogits, loss_scale=1.0,
     """Loss summed over the local rows and divided by the global batch size.
 
     logits (B, C), labels (B,) int -> returns totals (2,) float64 = (loss_part, correct); writes
-    dlogits (B, C) = loss_scale (softmax(logits) - onehot(labels)) / global_batch. dlogits may alias logits.
+    dlogits (B, C, C-contiguous) = loss_scale (softmax(logits) - onehot(labels)) / global_batch.
+    dlogits may alias logits. Labels must lie in [0, C) (the data loader checks them once).
     loss_part summed over ranks is the mean loss of the global batch; correct counts argmax hits.
     totals lives where the arrays do (on a GPU: reading it would wait), in scratch (a LossScratch;
     None: fresh buffers for this one call).
     """
     xp = array_module(logits)
     n, classes = logits.shape
-    if scratch is None:
+    if not dlogits.flags.c_contiguous:          # `flat` below must be a view of it, not a copy
+        raise ValueError("softmax_cross_entropy: dlogits must be C-contiguous")
+    if scratch is None:                         # a call on its own (tests, tests/reference.py)
+        if labels.size and not 0 <= int(labels.min()) <= int(labels.max()) < classes:
+            raise IndexError(f"softmax_cross_entropy: labels must lie in [0, {classes})")
         scratch = LossScratch(n, classes, logits.dtype, lambda kind, name, shape, dtype: xp.zeros(shape, dtype))
     row_max, picked, row_loss = scratch.row_max[:n], scratch.picked[:n], scratch.row_loss[:n]
     label_index, totals = scratch.label_index[:n], scratch.totals
@@ -175,8 +180,9 @@ def softmax_cross_entropy(logits, labels, global_batch, dlogits, loss_scale=1.0,
     xp.max(logits, axis=1, out=row_max)
     xp.subtract(logits, row_max[:, None], out=dlogits)                  # z - max z (stable)
     xp.add(scratch.row_start[:n], labels, out=label_index)
-    flat = dlogits.reshape(-1)                                          # (n C,): element (row, label) at label_index
-    _take(xp, flat, label_index, picked)                                # z_label - max z
+    flat = dlogits.reshape(-1)          # (n C,) view: element (row, label) at label_index, and what
+                                        # is written through it below is written into dlogits
+    take(flat, label_index, picked)                                     # z_label - max z
     xp.exp(dlogits, out=dlogits)
     sum_exp = row_max                                                   # (max z is no longer needed)
     xp.sum(dlogits, axis=1, out=sum_exp)
@@ -185,17 +191,8 @@ def softmax_cross_entropy(logits, labels, global_batch, dlogits, loss_scale=1.0,
     xp.sum(row_loss, axis=0, dtype=np.float64, keepdims=True, out=totals[:1])
     totals[:1] /= global_batch                                          # loss_part
     dlogits /= sum_exp[:, None]                                         # softmax(z)
-    _take(xp, flat, label_index, picked)
+    take(flat, label_index, picked)
     picked -= 1.0
     xp.put(flat, label_index, picked)                                   # - onehot
     dlogits *= loss_scale / global_batch
     return totals
-
-
-def _take(xp, a, index, out):
-    """out = a[index], with no temporary: NumPy's take buffers `out` unless mode='clip' (the indices
-    are in range), and CuPy's take has no mode."""
-    if xp is np:
-        np.take(a, index, out=out, mode="clip")
-    else:
-        xp.take(a, index, out=out)

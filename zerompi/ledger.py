@@ -12,8 +12,8 @@ MemoryLedger: every buffer of the training state is allocated through `alloc`, b
                                second buffers, pinned host staging on a GPU, the GPU GEMMs' row of
                                ones and 1 x 1 sum of squares: each allocated only where its code
                                path runs
-    activations                the forward/backward activation buffers of the local batch, and
-                               the loss's (B,) work buffers
+    activations                the forward/backward activation buffers of the local batch, the
+                               loss's per-row work buffers and its (loss, correct) totals
 Nothing is allocated or freed inside the training loop, so the live total is also the peak. The
 OS-measured peak resident set size (getrusage) is reported beside it.
 

@@ -24,7 +24,8 @@ and the device decides how the matrix multiplies read them (shapes as above):
                                                   float32, so the GELUs and the loss read float32
     dW, db computed into grad_work (float32,    dW, db accumulated in float32 inside the GEMM
       one unit), then rounded into the 16-bit     and rounded once into the 16-bit views;
-      views, or (micro-batch 2..K) added          micro-batches 2..K add in float32 (beta = 1)
+      views, or (micro-batch 2..K) added          micro-batches 2..K add to them in float32
+      to them and rounded again                   inside the GEMM (beta = 1), rounded again
 
 `grad_work` also serves NumPy's gradient accumulation in full precision (numpy's matmul cannot
 add into its output: compute, then add), and widens 16-bit gradients for their sum of squares

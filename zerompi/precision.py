@@ -43,7 +43,7 @@ DTYPE_NAMES = {"float64": "float64", "fp64": "float64", "float32": "float32", "f
 @dataclass(frozen=True)
 class Precision:
     storage: np.dtype     # parameters and gradients
-    compute: np.dtype     # matmuls, activations, Adam state, reductions
+    compute: np.dtype     # elementwise math, Adam state, reductions; matmuls on a CPU (a GPU's read storage)
 
     @property
     def mixed(self):

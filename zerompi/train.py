@@ -36,7 +36,7 @@ from .comm import Communicator
 from .comm_nccl import NcclCommunicator
 from .config import ArgumentError, check_config, device_choice, parse_args
 from .data import BatchSchedule, DataError, load_digits, load_npz, make_synthetic
-from .device import check_device, select_device
+from .device import check_device, select_device, take
 from .engine import build_engine
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler
@@ -174,8 +174,8 @@ def run(cfg, comm, out, preemption):
         np.copyto(batch_host, schedule.global_indices(step).reshape(K, comm.size, rows)[:, comm.rank])
         device.upload(batch_host, batch)
         for k in range(K):
-            xp.take(x_train, batch[k], axis=0, out=x_micro[k])
-            xp.take(y_train, batch[k], axis=0, out=y_micro[k])
+            take(x_train, batch[k], x_micro[k], axis=0)
+            take(y_train, batch[k], y_micro[k], axis=0)
         lr = learning_rate(step, cfg.steps, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr)
         loss_scale = scaler.scale
         result = train_step(engine.zero, engine.mlp, zip(x_micro, y_micro), cfg.batch_size, lr,

@@ -106,7 +106,8 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
 def sum_of_squares(a, mlp):
     """sum of x^2 over the 1-D array a, as a scalar where a lives. With the device's GEMM: a a^T as
     a 1 x 1 GEMM into mlp.square_sum, reading 16-bit a as it is and accumulating in float32 (float64
-    for float64); with NumPy: a dot, a 16-bit a first widened into mlp.grad_work (float32)."""
+    for float64); the result is a view of that buffer, valid until the next call. With NumPy: a
+    dot, a 16-bit a first widened into mlp.grad_work (float32)."""
     if mlp.gemm is not None:
         mlp.gemm(a[None, :], a[None, :], mlp.square_sum, trans_b=True)
         return mlp.square_sum[0, 0]
