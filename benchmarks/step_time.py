@@ -26,7 +26,7 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
                         chunk, but the chunk stays in cache); "adam" prints AdamW.update measured
                         alone on the owned size, for comparison;
             comm = allreduce (stage 0), RS + AG (stages 1-2), RS + 2 AG (stage 3), measured as
-                   one model-sized call each and as one call per unit (as zerompi calls them);
+                   one model-sized call each and as one call per layer (as zerompi calls them);
                    the floor takes the faster of the two.
             The floor leaves out GELU, the loss and bias sums, and assumes no overlap: on a
             machine whose every core runs a rank, MPI's shared-memory copies take the same cores
@@ -138,16 +138,16 @@ def measure_limits(sizes, B, numel_full):
     buf = np.ones(16 * 2**20, np.float32)                                   # 64 MB
     seconds = concurrent_time(lambda: [np.multiply(buf, 1.0000001, out=buf) for _ in range(5)], 5) / 5
     bandwidth = 2 * buf.nbytes / seconds / 1e9
-    coll = {how: collectives(sizes, how) for how in ("model", "per_unit")}
+    coll = {how: collectives(sizes, how) for how in ("model", "per_layer")}
     return {"gemm_shape": [B, I, O], "gemm_gflops": gemm, "bandwidth_gbs": bandwidth,
             "collective_s": coll, "collective_bytes": 4 * numel_full}
 
 
 def collectives(sizes, how):
     """Seconds of each collective over the whole model: one model-sized call, or one call per
-    unit (layer) as zerompi makes them (MPI may pick a different algorithm per message size)."""
+    layer as zerompi makes them (MPI may pick a different algorithm per message size)."""
     layout = build_engine(sizes, 0, precision_for("float32"), AdamConfig(), 1).layout
-    counts = [layout.full_numel] if how == "model" else [u.padded for u in layout.units]
+    counts = [layout.full_numel] if how == "model" else [u.padded for u in layout.layers]
     fulls = [np.ones(n, np.float32) for n in counts]
     shards = [np.empty(n // N, np.float32) for n in counts]
     pairs = list(zip(fulls, shards))

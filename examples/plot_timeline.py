@@ -5,7 +5,7 @@
     python examples/plot_timeline.py trace.json                     # -> docs/figures/timeline.png
     python examples/plot_timeline.py trace.json --steps 2 3 --out t.png
 
-One row per rank: compute spans (forward, backward, loss, Adam per unit) in the upper lane,
+One row per rank: compute spans (forward, backward, loss, Adam per layer) in the upper lane,
 collectives (all-gather, reduce-scatter, all-reduce) in the lower one, between the start of the
 first and the end of the last chosen step (by default the last two: past the first step's warm-up).
 For zooming, open the same file in https://ui.perfetto.dev.

@@ -43,19 +43,19 @@ def faulty_train_step(zero, mlp, micro_batches, *args):
     if fault == "inf-input":
         micro_batches[0][0][0, 0] = np.inf
     if fault.startswith("nan-grad:"):
-        layer = int(fault.split(":")[1])
-        real_backward = mlp.backward_unit
+        bad_layer = int(fault.split(":")[1])
+        real_backward = mlp.backward_layer
 
-        def backward_unit(unit, d_h, weight, bias, dweight, dbias, accumulate):
-            d_in = real_backward(unit, d_h, weight, bias, dweight, dbias, accumulate)
-            if unit.index == layer:
+        def backward_layer(layer, d_h, weight, bias, dweight, dbias, accumulate):
+            d_in = real_backward(layer, d_h, weight, bias, dweight, dbias, accumulate)
+            if layer.index == bad_layer:
                 dweight[0, 0] = np.nan
             return d_in
-        mlp.backward_unit = backward_unit
+        mlp.backward_layer = backward_layer
         try:
             return real_train_step(zero, mlp, micro_batches, *args)
         finally:
-            del mlp.backward_unit                # back to the class's method
+            del mlp.backward_layer                # back to the class's method
     return real_train_step(zero, mlp, micro_batches, *args)
 
 

@@ -229,7 +229,7 @@ def step_speed(device, dtype_name, rows, report):
         device.synchronize()
         if i >= 3:                                     # the first steps compile the kernels
             times.append(time.perf_counter() - start)
-    weights = sum(u.in_features * u.out_features for u in engine.layout.units)
+    weights = sum(u.in_features * u.out_features for u in engine.layout.layers)
     tflops = 6 * weights * rows / np.median(times) / 1e12
     report(f"  step {dtype_name:>7}  {rows} rows: {np.median(times) * 1e3:7.2f} ms  {tflops:6.1f} TFLOP/s")
     return tflops

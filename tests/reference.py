@@ -12,15 +12,15 @@ import numpy as np
 
 from zerompi.layers import gelu_backward, gelu_forward, linear_backward, linear_forward, softmax_cross_entropy
 from zerompi.layout import Layout
-from zerompi.model import init_unit_values
+from zerompi.model import init_layer_values
 
 
 def initial_weights(sizes, seed, dtype=np.float64):
     """[(weight (O, I), bias (O,)), ...] exactly as zerompi initializes them."""
     layers = []
-    for unit in Layout(sizes, 1).units:
-        values = init_unit_values(unit, seed).astype(dtype)
-        weight, bias = unit.views(values)
+    for layer in Layout(sizes, 1).layers:
+        values = init_layer_values(layer, seed).astype(dtype)
+        weight, bias = layer.views(values)
         layers.append((weight.copy(), bias.copy()))
     return layers
 

@@ -147,7 +147,7 @@ def test_chunk_loop_sees_every_chunk():
 
 @pytest.mark.parametrize("numel,split", [(11, 4), (2 * CHUNK + 5, CHUNK + 3), (CHUNK + 2, 1)])
 def test_state_slices_split_equals_whole(numel, split):
-    """Stage 1/2/3 update each unit's owned range with its own slice of m, v: two calls on two
+    """Stage 1/2/3 update each layer's owned range with its own slice of m, v: two calls on two
     halves must equal one call on the whole buffer, bitwise (every element is independent)."""
     p0, grads = problem(numel, np.float64, seed=split)
     whole, opt_whole, _ = run_zerompi(p0, grads, CONFIG)
@@ -199,7 +199,7 @@ def test_padding_stays_exactly_zero():
     rng = np.random.default_rng(8)
     pad = np.zeros(numel, dtype=bool)
     pad[rng.choice(numel, 100, replace=False)] = True
-    pad[-5:] = True                               # the layout's padding sits at the end of a unit
+    pad[-5:] = True                               # the layout's padding sits at the end of a layer
     for dtype in (np.float32, np.float64):
         p0 = rng.standard_normal(numel).astype(dtype)
         p0[pad] = 0

@@ -111,24 +111,24 @@ def edit_manifest(folder, edit):
         json.dump(manifest, f, indent=1)
 
 
-def oracle_flat(folder, unit_index, kind):
-    """Unit unit_index's padded flat buffer of one kind of state, read independently of
+def oracle_flat(folder, layer_index, kind):
+    """Layer layer_index's padded flat buffer of one kind of state, read independently of
     zerompi.checkpoint: np.load of every rank's shard file (named by the documented pattern)
     and the writer's shard layout from the manifest."""
     m = manifest_of(folder)
-    unit = m["units"][unit_index]
+    layer = m["units"][layer_index]
     parts = []
     for rank in range(m["ranks"]):
         data = np.load(os.path.join(folder, f"rank{rank:05d}.{kind}.npy"), allow_pickle=False)
-        parts.append(data[unit["shard_offset"]:unit["shard_offset"] + unit["shard_size"]])
+        parts.append(data[layer["shard_offset"]:layer["shard_offset"] + layer["shard_size"]])
     flat = np.concatenate(parts)
-    assert flat.size == unit["padded"]
+    assert flat.size == layer["padded"]
     return flat.view(BF16) if m["kinds"][kind] == "bfloat16" else flat
 
 
-def as_flat(weights, unit_index):
-    return np.concatenate([weights[f"layers.{unit_index}.weight"].ravel(),
-                           weights[f"layers.{unit_index}.bias"]])
+def as_flat(weights, layer_index):
+    return np.concatenate([weights[f"layers.{layer_index}.weight"].ravel(),
+                           weights[f"layers.{layer_index}.bias"]])
 
 
 def same_bits(a, b):
@@ -145,9 +145,9 @@ def fresh_engine(sizes=SIZES, stage=0, dtype="float32"):
 # read_range
 # ----------------------------------------------------------------------------------------------
 
-def ranges_to_check(unit, rng, count=40):
-    """Every kind of range: whole unit, around each writer-rank boundary, the padding, random."""
-    shard, numel, padded = unit["shard_size"], unit["numel"], unit["padded"]
+def ranges_to_check(layer, rng, count=40):
+    """Every kind of range: whole layer, around each writer-rank boundary, the padding, random."""
+    shard, numel, padded = layer["shard_size"], layer["numel"], layer["padded"]
     out = [(0, padded), (0, numel), (0, 1), (padded - 1, padded), (numel - 1, padded)]
     for boundary in range(shard, padded, shard):
         out += [(boundary - 1, boundary + 1), (boundary - 5, min(padded, boundary + 7)), (boundary, padded)]
@@ -176,19 +176,19 @@ def test_read_range_reproduces_consolidated_weights_and_state_across_rank_bounda
     stage, kinds = WRITERS[dtype]
     assert sorted(reader.kinds) == sorted(kinds)
     assert reader.manifest["ranks"] == 2 and reader.manifest["stage"] == stage
-    assert any(u["padded"] > u["numel"] for u in reader.units)       # the fixture has padding
+    assert any(u["padded"] > u["numel"] for u in reader.layers)       # the fixture has padding
     rng = np.random.default_rng(0)
-    for index, unit in enumerate(reader.units):
-        numel, padded = unit["numel"], unit["padded"]
+    for index, layer in enumerate(reader.layers):
+        numel, padded = layer["numel"], layer["padded"]
         want = {"params": np.zeros(padded, np.float64)}
         want["params"][:numel] = as_flat(saved, index)
         for kind in kinds:
             oracle = oracle_flat(folder, index, kind).astype(np.float64)
             oracle[numel:] = 0
             if kind == "params":
-                assert np.array_equal(oracle, want["params"]), f"unit {index}: shard files vs w.npz"
+                assert np.array_equal(oracle, want["params"]), f"layer {index}: shard files vs w.npz"
             want[kind] = oracle
-        for lo, hi in ranges_to_check(unit, rng):
+        for lo, hi in ranges_to_check(layer, rng):
             for kind in kinds:
                 got = reader.read_range(index, kind, lo, hi, reader.kinds[kind])
                 assert got.dtype == reader.kinds[kind] and got.shape == (hi - lo,)
@@ -196,19 +196,19 @@ def test_read_range_reproduces_consolidated_weights_and_state_across_rank_bounda
             wide = reader.read_range(index, "params", lo, hi, np.float64)       # converted on the way
             assert np.array_equal(wide, want["params"][lo:hi]), (index, lo, hi)
     if dtype == "bf16":                    # the stored 16-bit parameters are the master, rounded
-        for index, _ in enumerate(reader.units):
-            master = reader.read_range(index, "master", 0, reader.units[index]["numel"], np.float32)
-            params = reader.read_range(index, "params", 0, reader.units[index]["numel"], BF16)
+        for index, _ in enumerate(reader.layers):
+            master = reader.read_range(index, "master", 0, reader.layers[index]["numel"], np.float32)
+            params = reader.read_range(index, "params", 0, reader.layers[index]["numel"], BF16)
             assert same_bits(master.astype(BF16), params), index
 
 
 def test_padding_reads_as_zero_whatever_the_file_holds_there(checkpoints, tmp_path):
-    """Put 7.0 into unit 0's padding element on disk (and fix its CRC): read_range still gives 0."""
+    """Put 7.0 into layer 0's padding element on disk (and fix its CRC): read_range still gives 0."""
     folder = copy_of(checkpoints, "float32", tmp_path) / STEP
     m = manifest_of(folder)
-    unit = m["units"][0]
-    assert unit["padded"] == unit["numel"] + 1 and unit["numel"] > unit["shard_size"]  # 297 -> 298
-    position = unit["shard_offset"] + unit["numel"] - unit["shard_size"]   # in rank 1's file
+    layer = m["units"][0]
+    assert layer["padded"] == layer["numel"] + 1 and layer["numel"] > layer["shard_size"]  # 297 -> 298
+    position = layer["shard_offset"] + layer["numel"] - layer["shard_size"]   # in rank 1's file
     path = folder / "rank00001.params.npy"
     data = np.load(path)
     assert data[position] == 0.0
@@ -222,9 +222,9 @@ def test_padding_reads_as_zero_whatever_the_file_holds_there(checkpoints, tmp_pa
     edit_manifest(folder, lambda man: next(f for f in man["files"] if f["rank"] == 1
                                            and f["kind"] == "params").__setitem__("crc32", [zlib.crc32(raw)]))
     reader = CheckpointReader(str(folder))
-    got = reader.read_range(0, "params", unit["numel"] - 3, unit["padded"], np.float32)
+    got = reader.read_range(0, "params", layer["numel"] - 3, layer["padded"], np.float32)
     assert got[-1] == 0.0 and np.all(got[:3] != 0.0)
-    assert reader.read_range(0, "params", unit["numel"], unit["padded"], np.float32).tolist() == [0.0]
+    assert reader.read_range(0, "params", layer["numel"], layer["padded"], np.float32).tolist() == [0.0]
 
 
 def test_crc_is_checked_per_block_a_read_touches(checkpoints, tmp_path):
@@ -270,13 +270,13 @@ def test_load_into_one_rank_engine_gives_the_checkpointed_state(checkpoints, tmp
         assert {key: state.get(key) for key in expected} == expected, state
         assert engine.zero.adam.t == 6
         saved = load_weights(checkpoints[dtype] / "w.npz")
-        for unit in engine.layout.units:
-            full = engine.zero.full_unit_params(unit)
-            assert np.array_equal(full.astype(np.float64), as_flat(saved, unit.index)), (dtype, unit.index)
-            _, _, state_slice, _ = engine.zero.owned(unit)
+        for layer in engine.layout.layers:
+            full = engine.zero.full_layer_params(layer)
+            assert np.array_equal(full.astype(np.float64), as_flat(saved, layer.index)), (dtype, layer.index)
+            _, _, state_slice, _ = engine.zero.owned(layer)
             for kind, array in (("m", engine.zero.adam.m), ("v", engine.zero.adam.v)):
-                want = oracle_flat(folder, unit.index, kind)[:unit.numel]
-                assert same_bits(array[state_slice], want), (dtype, kind, unit.index)
+                want = oracle_flat(folder, layer.index, kind)[:layer.numel]
+                assert same_bits(array[state_slice], want), (dtype, kind, layer.index)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,7 +329,7 @@ BAD_CHECKPOINTS = [
     ("truncated-shard", _truncate, f"{STEP}/rank00001.m.npy", "truncated"),
     ("flipped-byte", _flip_byte, f"{STEP}/rank00000.params.npy", "checksum mismatch"),
     ("manifest-invalid-json", _invalid_json, f"{STEP}/manifest.json", "not a readable manifest"),
-    ("unit-padded-changed", _manifest_edit(lambda m: m["units"][1].__setitem__("padded", 72)),
+    ("layer-padded-changed", _manifest_edit(lambda m: m["units"][1].__setitem__("padded", 72)),
      f"{STEP}/manifest.json", "inconsistent layout"),
     ("file-path-parent", _path_parent, f"{STEP}/manifest.json", "'../x.npy' leaves the checkpoint folder"),
     ("file-path-absolute", _manifest_edit(lambda m: m["files"][3].__setitem__("path", "/etc/passwd")),
@@ -354,9 +354,9 @@ BAD_CHECKPOINTS = [
 # Hand-edits that only a consistency check of the manifest's numbers catches:
 MANIFEST_GAPS = [
     pytest.param("block-bytes-zero", _set("block_bytes", 0), f"{STEP}/manifest.json", "block"),
-    pytest.param("unit-numel-changed", _manifest_edit(lambda m: m["units"][0].__setitem__("numel", 296)),
+    pytest.param("layer-numel-changed", _manifest_edit(lambda m: m["units"][0].__setitem__("numel", 296)),
                  f"{STEP}/manifest.json", "numel"),
-    pytest.param("unit-shard-offset-changed",
+    pytest.param("layer-shard-offset-changed",
                  _manifest_edit(lambda m: m["units"][1].__setitem__("shard_offset", 150)),
                  f"{STEP}/manifest.json", "shard"),
     pytest.param("adam-steps-not-a-number", _set("adam_steps", "six"), f"{STEP}/manifest.json", "adam_steps"),
@@ -427,14 +427,14 @@ def test_export_float32_with_optimizer_is_standard_safetensors(checkpoints, tmp_
     assert sorted(tensors) == sorted(layer_names + [f"optimizer.{k}.{n}" for k in ("m", "v")
                                                     for n in layer_names])
     saved = load_weights(checkpoints["float32"] / "w.npz")
-    for i, unit in enumerate(manifest_of(folder)["units"]):
-        o, n_in = unit["shapes"][0]
+    for i, layer in enumerate(manifest_of(folder)["units"]):
+        o, n_in = layer["shapes"][0]
         for prefix, kind in (("", "params"), ("optimizer.m.", "m"), ("optimizer.v.", "v")):
             weight, bias = tensors[f"{prefix}layers.{i}.weight"], tensors[f"{prefix}layers.{i}.bias"]
             assert weight.dtype == bias.dtype == np.float32
             assert weight.shape == (o, n_in) and bias.shape == (o,)
             flat = np.concatenate([weight.ravel(), bias])
-            assert same_bits(flat, oracle_flat(folder, i, kind)[:unit["numel"]]), (prefix, i)
+            assert same_bits(flat, oracle_flat(folder, i, kind)[:layer["numel"]]), (prefix, i)
         assert same_bits(tensors[f"layers.{i}.weight"], saved[f"layers.{i}.weight"])
     with safe_open(str(tmp_path / "model.safetensors"), framework="np") as f:
         metadata = f.metadata()
@@ -459,7 +459,7 @@ def test_export_bf16_keeps_bfloat16_and_the_fp32_master(checkpoints, tmp_path):
         assert f.metadata() == metadata
     assert metadata["step"] == "6" and metadata["adam_steps"] == "6" and metadata["dtype"] == "bfloat16"
     saved = load_weights(checkpoints["bf16"] / "w.npz")                 # bf16 widened to float32
-    for i, unit in enumerate(manifest_of(folder)["units"]):
+    for i, layer in enumerate(manifest_of(folder)["units"]):
         for prefix, kind, dtype in (("", "params", BF16), ("optimizer.master.", "master", np.float32),
                                     ("optimizer.m.", "m", np.float32), ("optimizer.v.", "v", np.float32)):
             weight = read_tensor(path, header, data_start, f"{prefix}layers.{i}.weight")
@@ -467,7 +467,7 @@ def test_export_bf16_keeps_bfloat16_and_the_fp32_master(checkpoints, tmp_path):
             assert weight.dtype == bias.dtype == dtype, (prefix, i, weight.dtype)
             assert header[f"{prefix}layers.{i}.weight"]["dtype"] == ("BF16" if dtype == BF16 else "F32")
             flat = np.concatenate([weight.ravel(), bias])
-            assert same_bits(flat, oracle_flat(folder, i, kind)[:unit["numel"]]), (prefix, i)
+            assert same_bits(flat, oracle_flat(folder, i, kind)[:layer["numel"]]), (prefix, i)
         params = read_tensor(path, header, data_start, f"layers.{i}.weight")
         assert np.array_equal(params.astype(np.float32), saved[f"layers.{i}.weight"])
 

@@ -440,7 +440,7 @@ def test_init_weights_loads_what_save_weights_wrote_across_n_and_stage(tmp_path)
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_report_json_is_one_document_whose_measurements_match_the_formulas(stage, dtype, micro_batches,
                                                                            bytes_per_param, tmp_path):
-    # odd widths: every unit is padded to a multiple of N = 3; --log-every 1 checks that progress
+    # odd widths: every layer is padded to a multiple of N = 3; --log-every 1 checks that progress
     # lines go to stderr and leave stdout to the JSON document
     run = train_ok(3, "--stage", stage, "--hidden", "7,5", "--batch-size", 12, "--steps", 3,
                    "--dtype", dtype, "--grad-accum", micro_batches, "--data", "synthetic",
@@ -453,7 +453,7 @@ def test_report_json_is_one_document_whose_measurements_match_the_formulas(stage
     assert report["stage"] == stage and report["ranks"] == 3 and report["steps"] == 3
     assert report["psi"] == 32 * 7 + 7 + 7 * 5 + 5 + 5 * 10 + 10
     assert report["psi_padded"] > report["psi"]
-    assert report["psi_padded"] - report["psi"] <= 3 * (3 - 1)      # at most N-1 per unit
+    assert report["psi_padded"] - report["psi"] <= 3 * (3 - 1)      # at most N-1 per layer
     assert len(report["per_rank"]) == 3
     padded_total = report["memory_formula_padded_bytes"]["total"]
     comm_padded = report["comm_formula_padded_elements_per_step"]

@@ -105,7 +105,7 @@ def nesting_problems(spans):
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_trace_has_nested_compute_and_comm_spans_on_every_rank(tmp_path, stage):
-    n, steps, units = 3, 3, 3
+    n, steps, layers = 3, 3, 3
     train_ok(n, "--stage", stage, "--steps", steps, "--hidden", "24,16", "--batch-size", 48, "--log-every", 0,
              "--report", "none", "--trace", "t.json", "--metrics", "m.jsonl", cwd=tmp_path)
     with open(tmp_path / "t.json") as f:
@@ -124,8 +124,8 @@ def test_trace_has_nested_compute_and_comm_spans_on_every_rank(tmp_path, stage):
             inside = sorted((e for e in mine if e["cat"] != "step" and span["ts"] - 0.2 <= e["ts"]
                              and e["ts"] + e["dur"] <= span["ts"] + span["dur"] + 0.2), key=lambda e: e["ts"])
             compute = [e["name"] for e in inside if e["cat"] == "compute"]
-            assert compute == ([f"forward {u}" for u in range(units)] + ["loss"] +
-                               [f"backward {u}" for u in reversed(range(units))] + [f"adam {u}" for u in range(units)])
+            assert compute == ([f"forward {u}" for u in range(layers)] + ["loss"] +
+                               [f"backward {u}" for u in reversed(range(layers))] + [f"adam {u}" for u in range(layers)])
             comm = [e for e in inside if e["cat"] == "comm"]
             assert all(e["args"]["bytes"] > 0 and e["name"] == f"{e['args']['op']} {e['args']['purpose']}"
                        for e in comm)
@@ -150,7 +150,7 @@ def test_trace_with_overlap_has_the_communication_threads_collectives(tmp_path):
         on_thread = [e for e in events if e["ph"] == "X" and e["pid"] == rank and e["tid"] == 1]
         assert on_thread and {e["cat"] for e in on_thread} == {"comm"}
         assert {e["args"]["purpose"] for e in on_thread} == {"grads", "params"}
-        # stage 1, per-layer buckets, 3 units: 3 reduce-scatters and 3 all-gathers per step
+        # stage 1, per-layer buckets, 3 layers: 3 reduce-scatters and 3 all-gathers per step
         assert sum(e["args"]["op"] == "reduce_scatter" for e in on_thread) == 3 * steps
         assert sum(e["args"]["op"] == "allgather" for e in on_thread) == 3 * steps
 

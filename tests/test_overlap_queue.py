@@ -1,5 +1,5 @@
 """zerompi.overlap on one rank: the queue runs calls in order, reports a failed call at the next
-wait instead of hanging, and the buckets group units as documented."""
+wait instead of hanging, and the buckets group layers as documented."""
 import numpy as np
 import pytest
 
@@ -31,10 +31,10 @@ def test_a_failed_call_on_the_thread_raises_at_the_next_wait():
         queue.wait_all()
 
 
-def test_buckets_group_consecutive_units_last_first_until_the_size_is_reached():
-    units = Layout([100, 200, 300, 50, 10], 1).units   # 20200, 60300, 15050, 510 elements
-    assert [[u.index for u in b] for b in gradient_buckets(units, 4, 0)] == [[3], [2], [1], [0]]
-    assert [[u.index for u in b] for b in gradient_buckets(units, 4, 25)] == [[3, 2, 1, 0]]
-    # 4 bytes each: unit 3 + 2 = 62 KB, then unit 1 = 241 KB, then unit 0
-    assert [[u.index for u in b] for b in gradient_buckets(units, 4, 0.2)] == [[3, 2, 1], [0]]
-    assert [[u.index for u in b] for b in gradient_buckets(units, 4, 0.05)] == [[3, 2], [1], [0]]
+def test_buckets_group_consecutive_layers_last_first_until_the_size_is_reached():
+    layers = Layout([100, 200, 300, 50, 10], 1).layers   # 20200, 60300, 15050, 510 elements
+    assert [[u.index for u in b] for b in gradient_buckets(layers, 4, 0)] == [[3], [2], [1], [0]]
+    assert [[u.index for u in b] for b in gradient_buckets(layers, 4, 25)] == [[3, 2, 1, 0]]
+    # 4 bytes each: layer 3 + 2 = 62 KB, then layer 1 = 241 KB, then layer 0
+    assert [[u.index for u in b] for b in gradient_buckets(layers, 4, 0.2)] == [[3, 2, 1], [0]]
+    assert [[u.index for u in b] for b in gradient_buckets(layers, 4, 0.05)] == [[3, 2], [1], [0]]

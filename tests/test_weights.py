@@ -20,9 +20,9 @@ def make_engine(stage, dtype, seed=0, sizes=SIZES):
     engine = build_engine(sizes, stage, precision_for(np.dtype(dtype).name), AdamConfig(), 4, Communicator())
     rng = np.random.default_rng(seed)
     values = []
-    for unit in engine.layout.units:
-        v = rng.standard_normal(unit.numel).astype(dtype)
-        engine.zero.set_unit_params(unit, v)
+    for layer in engine.layout.layers:
+        v = rng.standard_normal(layer.numel).astype(dtype)
+        engine.zero.set_layer_params(layer, v)
         values.append(v)
     return engine, values
 
@@ -60,20 +60,20 @@ def test_round_trip_is_bitwise(tmp_path, stage, dtype):
     assert sorted(os.listdir(tmp_path)) == ["w.npz"]                 # no temporary file left
 
     loaded = read_all(path)
-    assert [unit.index for unit, _ in loaded] == [0, 1, 2]
-    for (unit, got), want in zip(loaded, values):
-        assert got.dtype == np.float64 and got.shape == (unit.numel,)
+    assert [layer.index for layer, _ in loaded] == [0, 1, 2]
+    for (layer, got), want in zip(loaded, values):
+        assert got.dtype == np.float64 and got.shape == (layer.numel,)
         np.testing.assert_array_equal(got, want.astype(np.float64))
         assert np.array_equal(got.astype(dtype).view(np.uint8), want.view(np.uint8))   # bitwise
 
     # and back into a fresh engine of another stage: the same parameters, bit for bit
     other, _ = make_engine(3 - stage, dtype, seed=99)
-    for unit, got in loaded:
-        other.zero.set_unit_params(unit, got.astype(dtype))
-    for unit, want in zip(other.layout.units, values):
-        full = other.zero.full_unit_params(unit)
+    for layer, got in loaded:
+        other.zero.set_layer_params(layer, got.astype(dtype))
+    for layer, want in zip(other.layout.layers, values):
+        full = other.zero.full_layer_params(layer)
         assert full.dtype == np.dtype(dtype)
-        assert np.array_equal(full[:unit.numel].view(np.uint8), want.view(np.uint8))
+        assert np.array_equal(full[:layer.numel].view(np.uint8), want.view(np.uint8))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -173,8 +173,8 @@ def test_read_good_file_written_by_numpy(tmp_path):
     path = tmp_path / "w.npz"
     np.savez(path, **tensors)
     loaded = read_all(path)
-    for unit, values in loaded:
-        w, b = tensors[f"layers.{unit.index}.weight"], tensors[f"layers.{unit.index}.bias"]
+    for layer, values in loaded:
+        w, b = tensors[f"layers.{layer.index}.weight"], tensors[f"layers.{layer.index}.bias"]
         np.testing.assert_array_equal(values, np.concatenate([w.reshape(-1), b]).astype(np.float64))
     # a compressed .npz is fine too
     np.savez_compressed(tmp_path / "c.npz", **tensors)

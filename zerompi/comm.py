@@ -19,7 +19,7 @@ all-gather is its mirror image: each rank brings one block and every rank leaves
 An all-reduce is a reduce-scatter followed by an all-gather; that is why ZeRO stages 1 and 2 move
 the same volume as plain data parallelism.
 
-16-bit buffers: sums are computed in float32 through a one-unit staging buffer and rounded to 16
+16-bit buffers: sums are computed in float32 through a one-layer staging buffer and rounded to 16
 bits once (zerompi/precision.py says why); all-gathers move the 16-bit words as they are. The
 ledger records the buffer that actually went to MPI, so its bytes show the widened reductions.
 
@@ -127,7 +127,7 @@ class Communicator:
     def reserve_staging(self, memory, max_elements, reduce_dtype):
         """Staging for reductions that cannot run on the buffer itself: 16-bit buffers (widened
         to reduce_dtype, see zerompi/precision.py), accumulating reduce-scatters, and in-place
-        reduce-scatters of device memory. The largest reduction's worth (a unit, or a stage-0
+        reduce-scatters of device memory. The largest reduction's worth (a layer, or a stage-0
         gradient bucket), ledgered as work memory."""
         self.staging_full = memory.alloc("work", "comm.staging_full", (max_elements,), reduce_dtype)
         self.staging_shard = memory.alloc("work", "comm.staging_shard", (max_elements // self.size,),
@@ -141,7 +141,7 @@ class Communicator:
         return f"MPI CUDA-aware: {'yes' if self.cuda_aware else 'no'} ({self.cuda_aware_how}): {how}"
 
     def reserve_host_staging(self, memory, max_bytes):
-        """Pinned host memory for the largest collective on device memory (one unit in the
+        """Pinned host memory for the largest collective on device memory (one layer in the
         widest dtype MPI sees), when MPI is not CUDA-aware; ledgered as work memory."""
         if self.stages_through_host:
             self.host_staging = self.device.pinned_bytes(max_bytes)

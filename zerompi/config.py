@@ -59,7 +59,7 @@ class TrainConfig:
     overlap: str = "off"            # on: collectives run on a communication thread, overlapping compute
     #                                 (off by default: measured slower with one rank per core, README)
     bucket_mb: float = 4.0          # stages 0-1: gradients start reducing in buckets of >= this many MB
-    prefetch: int = 1               # stage 3: units whose all-gather starts ahead of their use
+    prefetch: int = 1               # stage 3: layers whose all-gather starts ahead of their use
 
 
 class ArgumentError(Exception):

@@ -56,7 +56,7 @@ def make_synthetic(seed: int = 0, n_train: int = 8192, n_test: int = 2048, featu
     """A classification set labelled by a fixed random teacher network.
 
     Everything comes from one np.random.default_rng(seed), drawn in this order:
-        A  (F, 64)   teacher weights, N(0, 1/F)       so x @ A has unit variance
+        A  (F, 64)   teacher weights, N(0, 1/F)       so x @ A has layer variance
         B  (64, C)   teacher weights, N(0, 1/64)
         calibration inputs (4096, F), then x_train (S, F), then x_test (T, F), all N(0, I)
     The teacher's class scores are s = tanh(x @ A) @ B. Left as they are, a few classes would win

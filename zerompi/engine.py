@@ -1,6 +1,6 @@
 """Assembling a run: layout, ledgers, the ZeRO stage and the MLP's activations, on one rank.
 
-    layout  = Layout(sizes, N)              where each unit lives (zerompi/layout.py)
+    layout  = Layout(sizes, N)              where each layer lives (zerompi/layout.py)
     memory  = MemoryLedger(comm.device)     every buffer below is allocated through it, on the
                                             communicator's device (NumPy or CuPy, zerompi/device.py)
     zero    = STAGES[stage](layout, ...)    parameters, gradients, Adam state, collectives
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .comm import Communicator
 from .layout import Layout
 from .ledger import MemoryLedger
-from .model import MLP, init_unit_values
+from .model import MLP, init_layer_values
 from .overlap import OverlapConfig
 from .stages import STAGES
 
@@ -25,9 +25,9 @@ class Engine:
     mlp: MLP
 
     def init_params(self, seed):
-        """Every rank draws the same initial values, one unit at a time, and keeps what its stage keeps."""
-        for unit in self.layout.units:
-            self.zero.set_unit_params(unit, init_unit_values(unit, seed))
+        """Every rank draws the same initial values, one layer at a time, and keeps what its stage keeps."""
+        for layer in self.layout.layers:
+            self.zero.set_layer_params(layer, init_layer_values(layer, seed))
 
 
 def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None, micro_batches=1,

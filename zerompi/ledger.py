@@ -6,7 +6,7 @@ never from a formula. The report then prints these counts beside the formulas of
 
 MemoryLedger: every buffer of the training state is allocated through `alloc`, by kind:
     params, grads, optimizer   the model state that ZeRO partitions (compared with the formulas)
-    work                       one-unit buffers (stage 2-3 gradient bucket and parameter gather,
+    work                       one-layer buffers (stage 2-3 gradient bucket and parameter gather,
                                float32 staging for 16-bit reductions and compute; stage 0's
                                staging holds a gradient bucket), Adam's chunk scratch, --overlap's
                                second buffers, pinned host staging on a GPU, the GPU GEMMs' row of

@@ -121,16 +121,16 @@ class CommQueue:
 class OverlapConfig:
     enabled: bool = False      # run the step's collectives on a communication thread (README: Speed)
     bucket_mb: float = 4.0     # stages 0-1: hand gradients to communication in buckets of >= this
-    prefetch: int = 1          # stage 3: all-gathers started this many units ahead of their use
+    prefetch: int = 1          # stage 3: all-gathers started this many layers ahead of their use
 
 
-def gradient_buckets(units, itemsize, bucket_mb):
-    """Consecutive units in backward order (last unit first), grouped so that each group but the
-    last holds at least bucket_mb MB of gradients: [[unit 3, unit 2], [unit 1, unit 0]], ..."""
+def gradient_buckets(layers, itemsize, bucket_mb):
+    """Consecutive layers in backward order (last layer first), grouped so that each group but the
+    last holds at least bucket_mb MB of gradients: [[layer 3, layer 2], [layer 1, layer 0]], ..."""
     buckets, current, current_bytes = [], [], 0
-    for unit in reversed(units):
-        current.append(unit)
-        current_bytes += unit.padded * itemsize
+    for layer in reversed(layers):
+        current.append(layer)
+        current_bytes += layer.padded * itemsize
         if current_bytes >= bucket_mb * 1e6:
             buckets.append(current)
             current, current_bytes = [], 0

@@ -22,7 +22,7 @@ elementwise work (GELU, the loss, Adam) stays float32 there too.
 
 Reduction (`reduce_dtype`): MPI has no bfloat16 type, and adding 16-bit numbers in 16 bits loses
 a bit at every one of the N-1 additions. zerompi widens each 16-bit gradient buffer to float32 in
-a one-unit staging buffer, reduces in float32, and rounds the sum to 16 bits once. Its error is
+a one-layer staging buffer, reduces in float32, and rounds the sum to 16 bits once. Its error is
 one 16-bit rounding plus float32's accumulation error (2^-24 relative per addition, far below a
 16-bit ulp for any practical N), instead of a 16-bit rounding at each of the N-1 additions.
 The price: twice the wire bytes of a 16-bit reduction; the element counts are the formula's.

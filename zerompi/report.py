@@ -11,9 +11,9 @@ and v; float64: 8, 8, 16; bf16 and fp16: 2, 2, 12 as the fp32 master, m and v):
     comm per rank per step stages 0-2: 2 Psi (N-1)/N      stage 3: 3 Psi (N-1)/N   (elements)
                            with K micro-batches: stage 2 (K+1) Psi (N-1)/N, stage 3 3K Psi (N-1)/N
 
-Each formula is shown twice: at Psi (the model's parameter count) and at Psi_pad (each unit padded
+Each formula is shown twice: at Psi (the model's parameter count) and at Psi_pad (each layer padded
 to a multiple of N, what the buffers really hold). Measured equals the Psi_pad column exactly;
-the difference from the Psi column is the padding, at most N-1 elements per unit.
+the difference from the Psi column is the padding, at most N-1 elements per layer.
 
 Rank 0 gathers every rank's numbers with one buffer Gather and prints a table or JSON.
 """
@@ -61,9 +61,9 @@ def build_report(engine, train_comm, steps, stage, micro_batches=1):
 
 
 def _size(num_bytes):
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for layer, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if num_bytes >= scale:
-            return f"{num_bytes / scale:.4g} {unit}"
+            return f"{num_bytes / scale:.4g} {layer}"
     return f"{num_bytes:.0f} B"
 
 

@@ -8,8 +8,8 @@ Open the file in https://ui.perfetto.dev (drag it in) or chrome://tracing: one p
                                      allgather params ...                (cat "comm", stage 3)
                                                   reduce_scatter grads   (cat "comm", stages 2-3)
 
-Compute spans ("compute"): each unit's forward and backward (zerompi/train_step.py), the loss, and
-Adam's update of each unit (zerompi/stages/base.py). Communication spans ("comm"): every ledgered
+Compute spans ("compute"): each layer's forward and backward (zerompi/train_step.py), the loss, and
+Adam's update of each layer (zerompi/stages/base.py). Communication spans ("comm"): every ledgered
 collective, recorded where it is timed (zerompi/comm.py), with its op, purpose and bytes (the
 buffer handed to MPI). Each span is one Chrome "complete" event {"ph": "X", "ts", "dur"} in
 microseconds.
@@ -20,7 +20,7 @@ at the start of training, so the ranks' timelines line up to within the barrier'
 
 Cost: when tracing is off the communicator's `tracer` is None and each instrumented place costs
 one None check. When on, a span is two perf_counter calls and one list append; the events stay in
-memory (per step: three compute spans per unit, one per collective, one for the loss and the
+memory (per step: three compute spans per layer, one per collective, one for the loss and the
 step; about 150 bytes each) until the end of training, when rank 0 gathers every rank's
 events (one Gatherv of their JSON text, see Communicator.gather_bytes_to_root) and writes one file
 atomically (zerompi/atomic.py). A run that stops early (diverged, preempted) writes no trace.

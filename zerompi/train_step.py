@@ -1,14 +1,14 @@
 """One training step, written out plainly: the whole algorithm on one screen.
 
     for each micro-batch (K of them, --grad-accum):
-        for unit in units:            zero.before_forward  -> forward  -> zero.after_forward
+        for layer in layers:            zero.before_forward  -> forward  -> zero.after_forward
         loss, d_logits = softmax cross-entropy (divided by the GLOBAL batch, times the loss scale)
-        for unit in reversed(units):  zero.before_backward -> backward -> zero.after_backward
+        for layer in reversed(layers):  zero.before_backward -> backward -> zero.after_backward
     zero.reduce_grads()                                   wait for the reductions backward started
-    one all-reduce of (each unit's sum of squares of its owned gradient, loss, correct):
-        grad_norm = sqrt(sum over units and ranks) / loss scale   every element counted once, on its owner
+    one all-reduce of (each layer's sum of squares of its owned gradient, loss, correct):
+        grad_norm = sqrt(sum over layers and ranks) / loss scale   every element counted once, on its owner
     if grad_norm or loss is not finite: skip the step     every rank sees the same sums: all agree,
-        and the first unit whose sum is not finite names the layer (StepResult.bad_layer)
+        and the first layer whose sum is not finite names the layer (StepResult.bad_layer)
     clip = min(1, max_norm / grad_norm)
     zero.update(lr, clip / loss_scale); zero.gather_params()
 
@@ -40,13 +40,13 @@ def forward(zero, mlp, x):
     """x (n, sizes[0]) -> logits (n, sizes[-1]), a view into mlp's buffers."""
     h = mlp.load_input(x)
     tracer = zero.comm.tracer                      # None unless --trace (zerompi/trace.py)
-    for unit in mlp.units:
-        weight, bias = zero.before_forward(unit)
+    for layer in mlp.layers:
+        weight, bias = zero.before_forward(layer)
         start = tracer and tracer.now()
-        h = mlp.forward_unit(unit, h, weight, bias)
+        h = mlp.forward_layer(layer, h, weight, bias)
         if tracer:
-            tracer.span(f"forward {unit.index}", "compute", start, layer=unit.index)
-        zero.after_forward(unit)
+            tracer.span(f"forward {layer.index}", "compute", start, layer=layer.index)
+        zero.after_forward(layer)
     return h
 
 
@@ -61,13 +61,13 @@ def forward_backward(zero, mlp, x, labels, global_batch, loss_scale):
     if tracer:
         tracer.span("loss", "compute", start)
     d_h = logits                                   # now d_logits, in place
-    for unit in reversed(mlp.units):
-        weight, bias, dweight, dbias, accumulate = zero.before_backward(unit)
+    for layer in reversed(mlp.layers):
+        weight, bias, dweight, dbias, accumulate = zero.before_backward(layer)
         start = tracer and tracer.now()
-        d_h = mlp.backward_unit(unit, d_h, weight, bias, dweight, dbias, accumulate)
+        d_h = mlp.backward_layer(layer, d_h, weight, bias, dweight, dbias, accumulate)
         if tracer:
-            tracer.span(f"backward {unit.index}", "compute", start, layer=unit.index)
-        zero.after_backward(unit)
+            tracer.span(f"backward {layer.index}", "compute", start, layer=layer.index)
+        zero.after_backward(layer)
     return totals
 
 
@@ -81,18 +81,18 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
             zero.start_micro_batch(first=k == 0, last=k == len(micro_batches) - 1)
             step_totals += forward_backward(zero, mlp, x, labels, global_batch, loss_scale)
         zero.reduce_grads()
-        # (units + 2,): each unit's owned sum of squares, then this rank's loss and correct count
+        # (layers + 2,): each layer's owned sum of squares, then this rank's loss and correct count
         sums = zero.step_sums                            # preallocated, float64, where the arrays live
         for u, grad in enumerate(zero.grad_partition()):
             sums[u] = sum_of_squares(grad, mlp)
         sums[-2:] = step_totals
     zero.comm.allreduce_sum(sums, "metrics")
     host_sums = to_numpy(sums)                           # the step's one read from a GPU
-    unit_squares = host_sums[:-2]
-    grad_norm = math.sqrt(unit_squares.sum()) / loss_scale
+    layer_squares = host_sums[:-2]
+    grad_norm = math.sqrt(layer_squares.sum()) / loss_scale
     result = StepResult(float(host_sums[-2]), int(host_sums[-1]), grad_norm, applied=False)
     if not (math.isfinite(grad_norm) and math.isfinite(result.loss)):
-        bad = np.flatnonzero(~np.isfinite(unit_squares))
+        bad = np.flatnonzero(~np.isfinite(layer_squares))
         result.bad_layer = int(bad[0]) if bad.size else -1
         result.local_loss_finite = math.isfinite(float(to_numpy(step_totals)[0]))
         return result                              # skipped on every rank alike

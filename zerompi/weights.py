@@ -8,12 +8,12 @@ one per tensor, with no pickled objects (always read with allow_pickle=False):
     for i = 0 .. len(sizes) - 2, in the training dtype (float64, float32, float16), except that
     bfloat16, which .npy cannot describe portably, is widened to float32 (exactly).
 
-Saving streams one unit at a time: every rank takes part in `full_unit_params` (a collective
-all-gather in stage 3), and rank 0 writes that unit's two arrays into the archive before the next
-unit is gathered, so no rank ever holds more than one unit's gathered parameters. The archive is
+Saving streams one layer at a time: every rank takes part in `full_layer_params` (a collective
+all-gather in stage 3), and rank 0 writes that layer's two arrays into the archive before the next
+layer is gathered, so no rank ever holds more than one layer's gathered parameters. The archive is
 written atomically (zerompi/atomic.py): a reader sees the old file or the complete new one.
 
-Loading reads one unit at a time on every rank (np.load of an .npz is lazy per array) and hands
+Loading reads one layer at a time on every rank (np.load of an .npz is lazy per array) and hands
 the values to the stage, which keeps what it owns. A .safetensors file with the same tensor names
 (what `python -m zerompi.checkpoint export` writes) loads the same way.
 """
@@ -56,11 +56,11 @@ def write_npz(path, named_tensors):
 
 
 def consolidated_tensors(engine):
-    """(name, tensor) of every tensor, one unit at a time. Collective in stage 3 (each unit is
+    """(name, tensor) of every tensor, one layer at a time. Collective in stage 3 (each layer is
     all-gathered): every rank must run it to the end."""
-    for unit in engine.layout.units:
-        full = engine.zero.full_unit_params(unit)
-        yield from zip(engine.layout.tensor_names(unit), unit.views(to_numpy(full)))   # from a GPU: a copy
+    for layer in engine.layout.layers:
+        full = engine.zero.full_layer_params(layer)
+        yield from zip(engine.layout.tensor_names(layer), layer.views(to_numpy(full)))   # from a GPU: a copy
 
 
 def save_weights(engine, path):
@@ -68,7 +68,7 @@ def save_weights(engine, path):
     (the caller passes it to comm.check_all, so that every rank exits together)."""
     tensors = consolidated_tensors(engine)
     if engine.comm.rank != 0:
-        for _ in tensors:                 # take part in every unit's gather
+        for _ in tensors:                 # take part in every layer's gather
             pass
         return None
     try:
@@ -87,7 +87,7 @@ def portable(tensor):
 
 
 def read_weights(path, layout):
-    """Yield (unit, values (numel,) float64) for each unit, after checking names, shapes and values,
+    """Yield (layer, values (numel,) float64) for each layer, after checking names, shapes and values,
     from a consolidated .npz or a .safetensors file. Raises WeightsError naming the file and the problem."""
     if path.endswith(".safetensors"):
         if not os.path.exists(path):
@@ -96,7 +96,7 @@ def read_weights(path, layout):
             header, _, data_start = read_header(path)
         except SafetensorsError as e:
             raise WeightsError(f"weights file {e}") from None
-        yield from _units(path, layout, header, lambda name: read_tensor(path, header, data_start, name))
+        yield from _layers(path, layout, header, lambda name: read_tensor(path, header, data_start, name))
         return
     try:
         archive = np.load(path, allow_pickle=False)
@@ -117,29 +117,29 @@ def read_weights(path, layout):
         return tensor
 
     with archive:
-        yield from _units(path, layout, archive.files, read_member)
+        yield from _layers(path, layout, archive.files, read_member)
 
 
-def _units(path, layout, names_in_file, read):
-    """(unit, values) for each unit, reading each tensor with read(name) after checking that the
+def _layers(path, layout, names_in_file, read):
+    """(layer, values) for each layer, reading each tensor with read(name) after checking that the
     file's names are the model's (safetensors exports may add optimizer.* tensors)."""
-    model_names = [name for unit in layout.units for name in layout.tensor_names(unit)]
+    model_names = [name for layer in layout.layers for name in layout.tensor_names(layer)]
     extra = sorted(set(names_in_file) - set(model_names) - {n for n in names_in_file if n.startswith("optimizer.")})
     if extra:
         raise WeightsError(f"weights file {path} has tensors this model does not: {', '.join(extra[:4])}"
-                           f" (model: {len(layout.units)} layers, sizes {layout.sizes})")
-    for unit in layout.units:
+                           f" (model: {len(layout.layers)} layers, sizes {layout.sizes})")
+    for layer in layout.layers:
         values = []
-        for name in layout.tensor_names(unit):
+        for name in layout.tensor_names(layer):
             if name not in names_in_file:
                 raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
-            values.append(_checked(path, layout, unit, name, read(name)))
-        yield unit, np.concatenate(values).astype(np.float64)
+            values.append(_checked(path, layout, layer, name, read(name)))
+        yield layer, np.concatenate(values).astype(np.float64)
 
 
-def _checked(path, layout, unit, name, tensor):
+def _checked(path, layout, layer, name, tensor):
     """The tensor flattened, after checking its shape, dtype and values."""
-    want = (unit.out_features, unit.in_features) if name.endswith(".weight") else (unit.out_features,)
+    want = (layer.out_features, layer.in_features) if name.endswith(".weight") else (layer.out_features,)
     if tensor.shape != want:
         raise WeightsError(f"weights file {path}: {name} has shape {tensor.shape}, the model"
                            f" (sizes {layout.sizes}) needs {want}")

@@ -52,7 +52,7 @@ def train_zero(stage, sizes, dtype, batches, comm=None, seed=0, micro_batches=1,
 def consolidated(engine):
     """[(weight, bias), ...] full copies in float64 (collective in stage 3)."""
     layers = []
-    for unit in engine.layout.units:
-        weight, bias = unit.views(engine.zero.full_unit_params(unit))
+    for layer in engine.layout.layers:
+        weight, bias = layer.views(engine.zero.full_layer_params(layer))
         layers.append((weight.astype(np.float64), bias.astype(np.float64)))
     return layers

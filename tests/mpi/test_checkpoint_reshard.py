@@ -101,9 +101,9 @@ def test_stage_3_reads_only_its_own_ranges(shared_folder, monkeypatch):
     read = []
     original = files.CheckpointReader.read_range
 
-    def counting_read_range(self, unit_index, kind, lo, hi, dtype):
-        read.append(min(hi, self.units[unit_index]["numel"]) - min(lo, self.units[unit_index]["numel"]))
-        return original(self, unit_index, kind, lo, hi, dtype)
+    def counting_read_range(self, layer_index, kind, lo, hi, dtype):
+        read.append(min(hi, self.layers[layer_index]["numel"]) - min(lo, self.layers[layer_index]["numel"]))
+        return original(self, layer_index, kind, lo, hi, dtype)
 
     monkeypatch.setattr(files.CheckpointReader, "read_range", counting_read_range)
     load_checkpoint(make_engine(3, SIZES, np.float64, Communicator(), 24), latest_checkpoint(save_dir))

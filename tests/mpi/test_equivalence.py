@@ -28,8 +28,8 @@ from helpers import GLOBAL_BATCH, LR, WEIGHT_DECAY, consolidated, make_batches, 
 from reference import adamw_train, global_norm, initial_weights, loss_and_grads
 
 SIZES = [
-    [13, 37, 53, 7],       # odd widths: no unit divides evenly by 2, 3, 4 or 8
-    [5, 3, 2],             # units of 18 and 8 elements: N = 8 exceeds most shards' content
+    [13, 37, 53, 7],       # odd widths: no layer divides evenly by 2, 3, 4 or 8
+    [5, 3, 2],             # layers of 18 and 8 elements: N = 8 exceeds most shards' content
     [64, 32, 10],          # even widths
 ]
 STEPS = 3
@@ -125,9 +125,9 @@ def test_fp16_loss_scaling_unscales_exactly(stage):
                 for w, b in initial_weights(sizes, 0)]
     _, grads = loss_and_grads(params16, x.astype(np.float32), labels)
     assert results[0].grad_norm == pytest.approx(global_norm(grads), rel=1e-2)
-    for unit, (dw, db) in zip(engine.layout.units, grads):
-        flat = np.concatenate([dw.ravel(), db.ravel(), np.zeros(unit.padded - unit.numel, np.float32)])
-        _, _, state, (lo, hi) = engine.zero.owned(unit)
+    for layer, (dw, db) in zip(engine.layout.layers, grads):
+        flat = np.concatenate([dw.ravel(), db.ravel(), np.zeros(layer.padded - layer.numel, np.float32)])
+        _, _, state, (lo, hi) = engine.zero.owned(layer)
         np.testing.assert_allclose(engine.zero.adam.m[state], 0.1 * flat[lo:hi], rtol=2e-2, atol=1e-6)
 
 
@@ -156,7 +156,7 @@ def test_gradient_accumulation_equals_one_large_batch(stage):
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage", STAGES)
 def test_accumulation_keeps_no_full_gradient_in_stages_2_and_3(stage):
-    """With micro-batches, stages 2-3 still hold only the gradient shard (and one unit's bucket)."""
+    """With micro-batches, stages 2-3 still hold only the gradient shard (and one layer's bucket)."""
     sizes = SIZES[0]
     k = micro_batches_for(MPI.COMM_WORLD.Get_size())
     engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, 1), micro_batches=k)
@@ -231,16 +231,16 @@ def test_deterministic_run_after_run(stage, dtype):
 
 @pytest.mark.mpi
 def test_padding_stays_zero():
-    """Padding elements of every unit remain exactly zero after training: the parameters (stages
+    """Padding elements of every layer remain exactly zero after training: the parameters (stages
     0-2 hold them), Adam's m, and the reduced gradient that Adam reads (stage 1 reduces in place)."""
     sizes = SIZES[0]
     for stage in (0, 1, 2, 3):
         engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, STEPS))
         zero = engine.zero
-        for unit in engine.layout.units:
+        for layer in engine.layout.layers:
             if stage <= 2:
-                full = zero.param_full[engine.layout.full_slice(unit)]
-                assert np.all(full[unit.numel:] == 0)
-            _, grad, state, (lo, hi) = zero.owned(unit)
-            real = max(0, min(hi, unit.numel) - lo)          # owned elements before the padding
+                full = zero.param_full[engine.layout.full_slice(layer)]
+                assert np.all(full[layer.numel:] == 0)
+            _, grad, state, (lo, hi) = zero.owned(layer)
+            real = max(0, min(hi, layer.numel) - lo)          # owned elements before the padding
             assert np.all(grad[real:] == 0) and np.all(zero.adam.m[state][real:] == 0)

@@ -64,21 +64,21 @@ def run(stage, dtype=np.float64, overlap=OverlapConfig()):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("overlap", [OverlapConfig(enabled=True, prefetch=2), OverlapConfig(enabled=False, bucket_mb=0)],
-                         ids=["on-prefetch-2", "off-bucket-per-unit"])
+                         ids=["on-prefetch-2", "off-bucket-per-layer"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_comm_ledger_matches_mpi_calls_and_formula(stage, overlap):
     engine, proxy = run(stage, overlap=overlap)
     n, layout, ledger = engine.comm.size, engine.layout, engine.comm.ledger
-    units = len(layout.units)
+    layers = len(layout.layers)
     ring = (n - 1) / n
     # 1. the ledger agrees with what MPI was handed
-    # per step: the stage's collectives, plus one all-reduce of (each unit's norm^2, loss, correct)
-    # (stage 0: one all-reduce per bucket of units: one bucket by default, one per unit at 0 MB)
-    assert len(engine.zero.buckets) == (1 if overlap.bucket_mb > 0 else units)
+    # per step: the stage's collectives, plus one all-reduce of (each layer's norm^2, loss, correct)
+    # (stage 0: one all-reduce per bucket of layers: one bucket by default, one per layer at 0 MB)
+    assert len(engine.zero.buckets) == (1 if overlap.bucket_mb > 0 else layers)
     expected_calls = {0: {"Allreduce": len(engine.zero.buckets) + 1},
-                      1: {"Reduce_scatter_block": units, "Allgather": units, "Allreduce": 1},
-                      2: {"Reduce_scatter_block": units, "Allgather": units, "Allreduce": 1},
-                      3: {"Reduce_scatter_block": units, "Allgather": 2 * units, "Allreduce": 1}}[stage]
+                      1: {"Reduce_scatter_block": layers, "Allgather": layers, "Allreduce": 1},
+                      2: {"Reduce_scatter_block": layers, "Allgather": layers, "Allreduce": 1},
+                      3: {"Reduce_scatter_block": layers, "Allgather": 2 * layers, "Allreduce": 1}}[stage]
     for name in proxy.calls:
         assert proxy.calls[name] == STEPS * expected_calls.get(name, 0), name
     counted = (2 * proxy.elements["Allreduce"] + proxy.elements["Reduce_scatter_block"]
@@ -87,14 +87,14 @@ def test_comm_ledger_matches_mpi_calls_and_formula(stage, overlap):
     assert calls == sum(proxy.calls.values())
     assert all_elements == pytest.approx(counted, rel=1e-12, abs=1e-9)
     metric_calls, _, metric_elements, _ = ledger.totals({"metrics"})
-    assert metric_calls == STEPS and metric_elements == pytest.approx(STEPS * 2 * (units + 2) * ring)
+    assert metric_calls == STEPS and metric_elements == pytest.approx(STEPS * 2 * (layers + 2) * ring)
     _, _, elements, _ = ledger.totals({"grads", "params"})
     # 2. per step, exactly the formula at Psi_pad, and within padding of the formula at Psi
     per_step = elements / STEPS
     assert per_step == pytest.approx(comm_elements_per_step(stage, layout.full_numel, n), rel=1e-12, abs=1e-9)
     at_psi = comm_elements_per_step(stage, layout.num_params, n)
     multiplier = 3 if stage == 3 else 2
-    assert at_psi - 1e-9 <= per_step <= at_psi + multiplier * ring * (n - 1) * units + 1e-9
+    assert at_psi - 1e-9 <= per_step <= at_psi + multiplier * ring * (n - 1) * layers + 1e-9
 
 
 @pytest.mark.mpi
@@ -109,7 +109,7 @@ def test_memory_ledger_matches_formula(stage, dtype):
     at_psi = model_state_bytes(stage, layout.num_params, n, bytes_per_param)
     for kind in ("params", "grads", "optimizer"):
         assert memory.bytes_by_kind[kind] == padded[kind], kind
-        padding_bound = (n - 1) * len(layout.units) * 3 * item     # N-1 pad elements per unit
+        padding_bound = (n - 1) * len(layout.layers) * 3 * item     # N-1 pad elements per layer
         assert at_psi[kind] <= memory.bytes_by_kind[kind] <= at_psi[kind] + padding_bound
     # the ledger's numbers are the buffers' own sizes
     assert sum(b[4] for b in memory.buffers) == memory.total_bytes
@@ -126,4 +126,4 @@ def test_what_each_stage_does_not_keep(stage):
     assert ("grads" in full_sized) == (stage <= 1)
     assert ("params" in full_sized) == (stage <= 2)
     work_sizes = [np.prod(shape) for kind, _, shape, _, _ in engine.memory.buffers if kind == "work"]
-    assert max(work_sizes) <= max(engine.layout.max_unit_padded, CHUNK)   # one unit, or Adam's chunk
+    assert max(work_sizes) <= max(engine.layout.max_layer_padded, CHUNK)   # one layer, or Adam's chunk

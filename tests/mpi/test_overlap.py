@@ -22,7 +22,7 @@ from zerompi.comm import Communicator
 from zerompi.overlap import OverlapConfig
 from zerompi.train_step import count_correct
 
-SIZES = [13, 37, 53, 19, 7]      # 4 units, none divisible by N: padding in every shard
+SIZES = [13, 37, 53, 19, 7]      # 4 layers, none divisible by N: padding in every shard
 DELAY_S = 0.002
 GLOBAL_BATCH = 48                # divisible by N x micro-batches for N = 1, 2, 3, 4, 8 and 1 or 2
 
@@ -66,7 +66,7 @@ def train(stage, dtype, micro_batches, overlap):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("micro_batches", [1, 2])
-@pytest.mark.parametrize("bucket_mb", [0.0, 25.0], ids=["bucket-per-unit", "bucket-25MB"])
+@pytest.mark.parametrize("bucket_mb", [0.0, 25.0], ids=["bucket-per-layer", "bucket-25MB"])
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["float32", "bf16"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_overlap_on_is_bitwise_overlap_off(stage, dtype, bucket_mb, micro_batches):
@@ -87,8 +87,8 @@ def test_overlap_on_is_bitwise_overlap_off(stage, dtype, bucket_mb, micro_batche
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage", [2, 3])
 def test_overlap_buffers_are_ledgered_as_work(stage):
-    """Overlap's extra one-unit buffers (a second gradient buffer; stage 3: one gather buffer per
-    prefetched unit) are in the memory ledger, and only when overlap is on."""
+    """Overlap's extra one-layer buffers (a second gradient buffer; stage 3: one gather buffer per
+    prefetched layer) are in the memory ledger, and only when overlap is on."""
     def work_names(overlap):
         engine = make_engine(stage, SIZES, np.float32, overlap=overlap)
         return sorted(name for kind, name, *_ in engine.memory.buffers if kind == "work")

@@ -31,9 +31,9 @@ def inspect(folder):
     print(f"  state kinds: {', '.join(f'{k} ({d})' for k, d in m['kinds'].items())}")
     print(f"  data order: seed {m['seed']}, shuffle {m['shuffle']}, global batch {m['batch_size']}; "
           f"loss scale {m['loss_scale']:g}")
-    for unit in m["units"]:
-        print(f"  {', '.join(unit['names'])}: {unit['numel']:,} elements, padded to {unit['padded']:,} "
-              f"= {m['ranks']} x {unit['shard_size']:,}")
+    for layer in m["units"]:
+        print(f"  {', '.join(layer['names'])}: {layer['numel']:,} elements, padded to {layer['padded']:,} "
+              f"= {m['ranks']} x {layer['shard_size']:,}")
     print(f"  {files} shard files, {total:,} bytes: all {blocks} blocks match their CRC-32")
 
 

@@ -1,6 +1,6 @@
 """Streaming export of a checkpoint: the consolidated .npz and safetensors, one tensor at a time.
 
-Every tensor is a contiguous range of its unit's flat buffer (weight: [0, O*I), bias: [O*I, numel)),
+Every tensor is a contiguous range of its layer's flat buffer (weight: [0, O*I), bias: [O*I, numel)),
 so it is read straight from the shard files of the ranks that owned it (CheckpointReader), written
 out, and dropped before the next: memory stays at one tensor, whatever the model's size.
 
@@ -16,11 +16,11 @@ from .files import CheckpointReader
 
 
 def tensor_ranges(manifest):
-    """[(unit index, name, shape, lo, hi), ...] for every tensor of the model, in order."""
+    """[(layer index, name, shape, lo, hi), ...] for every tensor of the model, in order."""
     out = []
-    for index, unit in enumerate(manifest["units"]):
+    for index, layer in enumerate(manifest["units"]):
         lo = 0
-        for name, shape in zip(unit["names"], unit["shapes"]):
+        for name, shape in zip(layer["names"], layer["shapes"]):
             hi = lo + int(np.prod(shape))
             out.append((index, name, tuple(shape), lo, hi))
             lo = hi

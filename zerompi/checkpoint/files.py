@@ -4,7 +4,7 @@
       latest                       "step_00000300": the newest complete checkpoint (written last)
       step_00000300/
         manifest.json              what the rest holds (below); written after every shard file
-        rank00000.params.npy       rank 0's owned range of every unit, units end to end (the shard
+        rank00000.params.npy       rank 0's owned range of every layer, layers end to end (the shard
         rank00000.master.npy       layout of zerompi/layout.py); one file per kind of state:
         rank00000.m.npy            params (the stored dtype), master (mixed precision only), m, v
         rank00000.v.npy
@@ -14,9 +14,9 @@
 
 Every shard file is a standard .npy holding a 1-D array of the writer's shard_numel elements
 (bfloat16 as its uint16 words, which .npy can describe; the manifest names the real dtype).
-Element g of unit u (0 <= g < padded) was owned by rank k = g // shard_size and sits at position
-shard_offset(u) + g % shard_size of rank k's file: so any range of any unit can be read from the
-files of the ranks that owned it, with no other rank's data. Elements at and beyond the unit's
+Element g of layer u (0 <= g < padded) was owned by rank k = g // shard_size and sits at position
+shard_offset(u) + g % shard_size of rank k's file: so any range of any layer can be read from the
+files of the ranks that owned it, with no other rank's data. Elements at and beyond the layer's
 numel are padding (zeros): a reader with another N pads to its own multiple instead.
 
 Integrity: each file's data is cut into blocks of `block_bytes`, and the manifest keeps a CRC-32
@@ -29,7 +29,7 @@ manifest.json:
     seed, shuffle, batch_size                                 how the data order continues
     run: {steps, lr, lr_schedule, ...}                        the writer's other settings
     stage, ranks, dtype, sizes                                who wrote it (any stage/N can read it)
-    units: [{names, shapes, numel, padded, shard_size, shard_offset}]   the writer's layout
+    layers: [{names, shapes, numel, padded, shard_size, shard_offset}]   the writer's layout
     kinds: {kind: dtype}                                      params, [master,] m, v
     block_bytes, files: [{rank, kind, path, data_offset, data_bytes, crc32: [...]}]
 """
@@ -92,13 +92,13 @@ def _is_plain_name(name):
 
 
 class CheckpointReader:
-    """Reads element ranges of any unit and kind, from the files of the ranks that owned them."""
+    """Reads element ranges of any layer and kind, from the files of the ranks that owned them."""
 
     def __init__(self, folder):
         self.folder = folder
         self.manifest = read_manifest(folder)
         m = self.manifest
-        self.units = m["units"]
+        self.layers = m["units"]
         self.kinds = {kind: dtype_named(name) for kind, name in m["kinds"].items()}
         self.files = {(f["rank"], f["kind"]): f for f in m["files"]}
         self.arrays = {}          # (rank, kind) -> memory map of the file's data
@@ -134,17 +134,17 @@ class CheckpointReader:
                                       f"block {b} (bytes {b * block}..{(b + 1) * block}): the file is corrupted")
             self.verified.add((rank, kind, b))
 
-    def read_range(self, unit_index, kind, lo, hi, dtype):
-        """Elements [lo, hi) of the unit's flat buffer (weight then bias), as dtype; positions at
-        or beyond the unit's numel (padding) are zero."""
-        unit = self.units[unit_index]
+    def read_range(self, layer_index, kind, lo, hi, dtype):
+        """Elements [lo, hi) of the layer's flat buffer (weight then bias), as dtype; positions at
+        or beyond the layer's numel (padding) are zero."""
+        layer = self.layers[layer_index]
         out = np.zeros(hi - lo, dtype=dtype)
-        shard, end = unit["shard_size"], min(hi, unit["numel"])
+        shard, end = layer["shard_size"], min(hi, layer["numel"])
         g = lo
         while g < end:                                   # one run per writer rank the range crosses
             rank = g // shard
             run_end = min(end, (rank + 1) * shard)
-            start = unit["shard_offset"] + g - rank * shard
+            start = layer["shard_offset"] + g - rank * shard
             stop = start + run_end - g
             self._verify(rank, kind, start, stop)
             values = self._array(rank, kind)[start:stop]
@@ -180,23 +180,23 @@ def read_manifest(folder):
             raise CheckpointError(f"{path}: loss_scale must be a positive finite number, not {m['loss_scale']!r}")
         sizes = m["sizes"]
         if len(m["units"]) != len(sizes) - 1 or any(
-                unit["shapes"] != [[out, inp], [out]] for unit, inp, out in zip(m["units"], sizes, sizes[1:])):
-            raise CheckpointError(f"{path}: the units' shapes do not follow sizes {sizes}")
+                layer["shapes"] != [[out, inp], [out]] for layer, inp, out in zip(m["units"], sizes, sizes[1:])):
+            raise CheckpointError(f"{path}: the layers' shapes do not follow sizes {sizes}")
         ranks = m["ranks"]
         kinds = m["kinds"]
         shard_offset = 0
-        for unit in m["units"]:
-            numel = sum(int(np.prod(shape)) for shape in unit["shapes"])
-            if (unit["numel"] != numel or unit["padded"] != unit["shard_size"] * ranks
-                    or not 0 < unit["numel"] <= unit["padded"] or unit["shard_offset"] != shard_offset):
-                raise CheckpointError(f"{path}: inconsistent layout for {unit.get('names')}: numel, "
+        for layer in m["units"]:
+            numel = sum(int(np.prod(shape)) for shape in layer["shapes"])
+            if (layer["numel"] != numel or layer["padded"] != layer["shard_size"] * ranks
+                    or not 0 < layer["numel"] <= layer["padded"] or layer["shard_offset"] != shard_offset):
+                raise CheckpointError(f"{path}: inconsistent layout for {layer.get('names')}: numel, "
                                       f"padded, shard_size and shard_offset do not fit its shapes and {ranks} ranks")
-            shard_offset += unit["shard_size"]
+            shard_offset += layer["shard_size"]
         if set(kinds) not in ({"params", "m", "v"}, {"params", "master", "m", "v"}) or \
                 any(name not in STATE_DTYPES for name in kinds.values()):
             raise CheckpointError(f"{path}: kinds {kinds} are not params, [master,] m, v in "
                                   f"{', '.join(STATE_DTYPES)}")
-        shard_numel = sum(unit["shard_size"] for unit in m["units"])
+        shard_numel = sum(layer["shard_size"] for layer in m["units"])
         expected = {(r, k) for r in range(ranks) for k in kinds}
         listed = {(f["rank"], f["kind"]) for f in m["files"]}
         if listed != expected:

@@ -1,6 +1,6 @@
 """Loading a checkpoint into any N and any stage: each rank reads only the ranges it will hold.
 
-For each unit, a rank holds some range of the parameters and some range of the optimizer state
+For each layer, a rank holds some range of the parameters and some range of the optimizer state
 (zerompi/stages: `held_params` and `owned`): stage 0 everything, stages 1-2 all parameters but
 only the owned range of the state, stage 3 only the owned range of both. CheckpointReader fetches
 exactly those elements from the files of the writer ranks that owned them (checking the CRC of
@@ -35,12 +35,12 @@ def load_checkpoint(engine, folder):
     if zero.adam.master is not None:
         optimizer_arrays.append((best, zero.adam.master))
     to_device = engine.memory.device.from_numpy      # read on the host, copied to a GPU
-    for unit in layout.units:
-        held, (lo, hi) = zero.held_params(unit)
-        held[...] = to_device(reader.read_range(unit.index, param_source, lo, hi, reader.kinds[param_source]))
-        _, _, state, (lo, hi) = zero.owned(unit)
+    for layer in layout.layers:
+        held, (lo, hi) = zero.held_params(layer)
+        held[...] = to_device(reader.read_range(layer.index, param_source, lo, hi, reader.kinds[param_source]))
+        _, _, state, (lo, hi) = zero.owned(layer)
         for kind, array in optimizer_arrays:
-            array[state] = to_device(reader.read_range(unit.index, kind, lo, hi, reader.kinds[kind]))
+            array[state] = to_device(reader.read_range(layer.index, kind, lo, hi, reader.kinds[kind]))
     zero.adam.t = int(manifest["adam_steps"])
     state = {key: manifest[key] for key in TRAINING_STATE}
     state["run"] = manifest.get("run", {})        # the settings of the run that wrote it

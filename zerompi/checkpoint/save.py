@@ -14,7 +14,7 @@ is never read, and `latest` moves only after the rename. Each "all agree" is one
 (Communicator.any_failed): if any rank failed (a full disk, a missing folder), every rank returns
 at the same point, so none is left waiting in a collective.
 
-What rank r writes for each unit is its owned range under the current N (Unit.owned_range),
+What rank r writes for each layer is its owned range under the current N (Layer.owned_range),
 whatever the stage: in stage 0, where every rank holds everything, rank r still writes only its
 range, so the files have the same shape for every stage.
 """
@@ -45,13 +45,13 @@ def state_kinds(zero):
     return kinds
 
 
-def owned_segment(zero, kind, unit, rank):
-    """Rank's owned range of the unit (shard_size elements) for one kind of state: a view."""
-    a, b = unit.owned_range(rank)
+def owned_segment(zero, kind, layer, rank):
+    """Rank's owned range of the layer (shard_size elements) for one kind of state: a view."""
+    a, b = layer.owned_range(rank)
     if kind == "params":
-        held, (lo, _) = zero.held_params(unit)
+        held, (lo, _) = zero.held_params(layer)
         return held[a - lo:b - lo]
-    _, _, state, (lo, _) = zero.owned(unit)
+    _, _, state, (lo, _) = zero.owned(layer)
     array = {"master": zero.adam.master, "m": zero.adam.m, "v": zero.adam.v}[kind]
     return array[state][a - lo:b - lo]
 
@@ -107,7 +107,7 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     offsets = np.zeros(len(kinds), dtype=np.int64)
     try:
         for i, (kind, dtype) in enumerate(kinds.items()):
-            segments = [owned_segment(zero, kind, unit, comm.rank) for unit in layout.units]
+            segments = [owned_segment(zero, kind, layer, comm.rank) for layer in layout.layers]
             path = os.path.join(partial, shard_file_name(comm.rank, kind))
             offsets[i], _, file_crcs = write_shard_file(path, dtype, segments)
             crcs[i, :len(file_crcs)] = file_crcs
@@ -153,7 +153,7 @@ def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
         "units": [{"names": list(layout.tensor_names(u)),
                    "shapes": [[u.out_features, u.in_features], [u.out_features]],
                    "numel": u.numel, "padded": u.padded, "shard_size": u.shard_size,
-                   "shard_offset": u.shard_offset} for u in layout.units],
+                   "shard_offset": u.shard_offset} for u in layout.layers],
         "kinds": {kind: dtype.name for kind, dtype in kinds.items()},
         "block_bytes": BLOCK_BYTES, "files": files,
     }

@@ -36,8 +36,8 @@ def start_from(engine, cfg, scaler):
             state = load_checkpoint(engine, folder)
             error = _data_order_mismatch(state, cfg, folder)
         elif cfg.init_weights:
-            for unit, values in read_weights(cfg.init_weights, engine.layout):
-                engine.zero.set_unit_params(unit, values)
+            for layer, values in read_weights(cfg.init_weights, engine.layout):
+                engine.zero.set_layer_params(layer, values)
         else:
             engine.init_params(cfg.seed)
     except (CheckpointError, WeightsError) as e:
@@ -78,10 +78,10 @@ def _run_settings(cfg):
 
 def _unrepresentable(engine, source):
     """An error if the starting weights do not fit the storage dtype (fp16 ends at 65504)."""
-    for unit in engine.layout.units:
-        held, _ = engine.zero.held_params(unit)
+    for layer in engine.layout.layers:
+        held, _ = engine.zero.held_params(layer)
         if not np.all(np.isfinite(to_numpy(held))):
-            return (f"{source or 'the initial weights'}: layer {unit.index} has values beyond the range of "
+            return (f"{source or 'the initial weights'}: layer {layer.index} has values beyond the range of "
                     f"{engine.zero.precision.name} (float16 ends at 65504): train in bf16 or float32")
     return None
 

@@ -6,9 +6,9 @@ zerompi/train_step.py) and differs from the one before in one thing it partition
     stage   persistent per rank (elements)          collectives per step
     0       params Psi, grads Psi, Adam 2 Psi       all-reduce grads
     1       params Psi, grads Psi, Adam 2 Psi / N   reduce-scatter grads, all-gather params
-    2       params Psi, grads Psi / N, Adam 2 Psi/N reduce-scatter each unit's grads in backward,
+    2       params Psi, grads Psi / N, Adam 2 Psi/N reduce-scatter each layer's grads in backward,
                                                     all-gather params
-    3       params Psi / N, grads Psi / N, Adam ... all-gather a unit's params before its forward
+    3       params Psi / N, grads Psi / N, Adam ... all-gather a layer's params before its forward
                                                     and again before its backward, reduce-scatter
                                                     its grads right after its backward
 """

@@ -1,25 +1,25 @@
 """Stage 1: shard the optimizer state (Adam's m and v, and the fp32 master copy).
 
-Rank r keeps the optimizer state only for its owned range of each unit, so it can update only
+Rank r keeps the optimizer state only for its owned range of each layer, so it can update only
 those parameters. It therefore needs only the reduced gradient of that range (reduce-scatter, not
 all-reduce), and afterwards every rank's updated range must be sent to every other (all-gather).
 
     per rank (N = 4, rank 1):
                params  [################]  Psi        (full: forward and backward need it)
                grads   [################]  Psi        (full: backward writes all of it)
-               Adam    [    ####        ]  Psi / N    (owned range of each unit)
+               Adam    [    ####        ]  Psi / N    (owned range of each layer)
 
     timeline:  forward -> backward (all grads into grad_full; micro-batches add up in it)
-                          -> each bucket done (last micro-batch): per unit, reduce-scatter
+                          -> each bucket done (last micro-batch): per layer, reduce-scatter
                              grad_full in place (the owned, summed block lands at the front of
-                             the unit's grad buffer, which backward will overwrite next step)
+                             the layer's grad buffer, which backward will overwrite next step)
                -> wait for them -> Adam on the owned ranges
-               -> per unit: all-gather params (in place: the owned range is already in position);
-                  the next forward waits for each unit's all-gather just before using it
+               -> per layer: all-gather params (in place: the owned range is already in position);
+                  the next forward waits for each layer's all-gather just before using it
 
-With overlap on, the reduce-scatters run while backward continues on earlier units, and the
-all-gathers while the next forward runs on the units already gathered. The shard layout is per
-unit, so a bucket of several units is still one reduce-scatter per unit; the bucket only decides
+With overlap on, the reduce-scatters run while backward continues on earlier layers, and the
+all-gathers while the next forward runs on the layers already gathered. The shard layout is per
+layer, so a bucket of several layers is still one reduce-scatter per layer; the bucket only decides
 when they start.
 
 reduce-scatter + all-gather move 2 Psi (N-1)/N per rank, the same as stage 0's all-reduce (which is
@@ -48,26 +48,26 @@ class Stage1(Stage0):
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
         self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)  # owned ranges only
 
-    def owned(self, unit):
-        """This rank's range of the unit: its params, reduced grads, Adam state, (lo, hi)."""
+    def owned(self, layer):
+        """This rank's range of the layer: its params, reduced grads, Adam state, (lo, hi)."""
         rank = self.comm.rank
-        grad_shard = self.grad_full[self.layout.full_slice(unit)][:unit.shard_size]  # after reduce_grads
-        return (self.param_full[self.layout.owned_slice(unit, rank)], grad_shard,
-                self.layout.shard_slice(unit), unit.owned_range(rank))
+        grad_shard = self.grad_full[self.layout.full_slice(layer)][:layer.shard_size]  # after reduce_grads
+        return (self.param_full[self.layout.owned_slice(layer, rank)], grad_shard,
+                self.layout.shard_slice(layer), layer.owned_range(rank))
 
     # The owned ranges partition the model again (stage 0's every-rank-owns-all did not): the
     # base class's grad_partition, the owned gradients, serves the global norm again.
     grad_partition = ZeroStage.grad_partition
 
-    largest_reduction = ZeroStage.largest_reduction  # one unit per call again
+    largest_reduction = ZeroStage.largest_reduction  # one layer per call again
 
     def reduce_bucket(self, bucket):
-        for unit in bucket:                              # g[owned] = sum_r g_r[owned]
-            grad = self.grad_full[self.layout.full_slice(unit)]
-            grad[unit.numel:] = 0                        # padding: the last in-place reduce left garbage there
+        for layer in bucket:                              # g[owned] = sum_r g_r[owned]
+            grad = self.grad_full[self.layout.full_slice(layer)]
+            grad[layer.numel:] = 0                        # padding: the last in-place reduce left garbage there
             self.queue.submit("reduce_scatter_sum_in_place", grad, "grads")
 
     def gather_params(self):
-        for unit in self.layout.units:                   # p = concat_r p[owned by r]
-            self.param_tickets[unit.index] = self.queue.submit(
-                "allgather_in_place", self.param_full[self.layout.full_slice(unit)], "params")
+        for layer in self.layout.layers:                   # p = concat_r p[owned by r]
+            self.param_tickets[layer.index] = self.queue.submit(
+                "allgather_in_place", self.param_full[self.layout.full_slice(layer)], "params")

@@ -1,29 +1,29 @@
 """Stage 2: also shard the gradients.
 
-Backward produces one unit's gradients at a time. Stage 2 reduce-scatters each unit's gradients
+Backward produces one layer's gradients at a time. Stage 2 reduce-scatters each layer's gradients
 as soon as backward has produced them, keeps only the owned, summed block, and reuses the same
-one-unit buffer (`grad_bucket`) for the next unit. A full-size gradient buffer never exists; with
+one-layer buffer (`grad_bucket`) for the next layer. A full-size gradient buffer never exists; with
 several micro-batches per step, each one's reduced block is added into the gradient shard.
-With overlap on there are two one-unit buffers, used in turn: backward writes unit u-1's gradients
-into one while the communication thread reduce-scatters unit u's from the other (backward waits
+With overlap on there are two one-layer buffers, used in turn: backward writes layer u-1's gradients
+into one while the communication thread reduce-scatters layer u's from the other (backward waits
 only if that reduce-scatter is still running when it needs the buffer again).
 
     per rank (N = 4, rank 1):
                params       [################]  Psi
-               grads        [    ####        ]  Psi / N   (grad_shard: owned range of each unit)
+               grads        [    ####        ]  Psi / N   (grad_shard: owned range of each layer)
                Adam         [    ####        ]  Psi / N
-               grad_bucket  [#####]              one unit, reused (ledgered as work memory;
+               grad_bucket  [#####]              one layer, reused (ledgered as work memory;
                                                  two of them with overlap on)
 
     timeline:  forward
-               -> backward, last unit first: unit u's grads into grad_bucket
+               -> backward, last layer first: layer u's grads into grad_bucket
                   -> reduce-scatter grad_bucket into grad_shard[u]   (then the bucket is free)
                -> Adam on the owned ranges
-               -> per unit: all-gather params (in place)
+               -> per layer: all-gather params (in place)
 
 Communication per rank: the same 2 Psi (N-1)/N as stages 0 and 1 (times the micro-batches for the
 gradients: the price of not keeping a full gradient between them); only its timing moved into
-backward, where it overlaps with the backward of earlier units.
+backward, where it overlaps with the backward of earlier layers.
 """
 from ..adam import AdamW
 from ..overlap import OverlapConfig
@@ -32,7 +32,7 @@ from .stage1 import Stage1
 
 
 class Stage2(Stage1):
-    """Stage 1 with the gradients reduce-scattered unit by unit during backward."""
+    """Stage 1 with the gradients reduce-scattered layer by layer during backward."""
 
     stage = 2
 
@@ -46,27 +46,27 @@ class Stage2(Stage1):
         self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)
 
     def alloc_grad_buckets(self):
-        """One one-unit gradient buffer, two with overlap on (see the module docstring)."""
+        """One one-layer gradient buffer, two with overlap on (see the module docstring)."""
         count = 2 if self.overlap.enabled else 1
-        self.grad_buckets = self.alloc_unit_buffers("grad_bucket", count)
+        self.grad_buckets = self.alloc_layer_buffers("grad_bucket", count)
         self.bucket_tickets = [None] * count   # the reduce-scatter that last read each buffer
-        self.bucket_in_use = 0                 # the buffer that the current unit's backward writes
+        self.bucket_in_use = 0                 # the buffer that the current layer's backward writes
 
-    def owned(self, unit):
-        rank, shard = self.comm.rank, self.layout.shard_slice(unit)
-        return (self.param_full[self.layout.owned_slice(unit, rank)], self.grad_shard[shard], shard,
-                unit.owned_range(rank))
+    def owned(self, layer):
+        rank, shard = self.comm.rank, self.layout.shard_slice(layer)
+        return (self.param_full[self.layout.owned_slice(layer, rank)], self.grad_shard[shard], shard,
+                layer.owned_range(rank))
 
-    def before_backward(self, unit):
-        weight, bias = self.params_for_backward(unit)
+    def before_backward(self, layer):
+        weight, bias = self.params_for_backward(layer)
         self.bucket_in_use = (self.bucket_in_use + 1) % len(self.grad_buckets)
         self.queue.wait(self.bucket_tickets[self.bucket_in_use])   # its last reduce-scatter is done
-        bucket = self.grad_buckets[self.bucket_in_use][:unit.padded]
-        bucket[unit.numel:] = 0                      # padding: zero, whatever a larger unit left
-        dweight, dbias = unit.views(bucket)
+        bucket = self.grad_buckets[self.bucket_in_use][:layer.padded]
+        bucket[layer.numel:] = 0                      # padding: zero, whatever a larger layer left
+        dweight, dbias = layer.views(bucket)
         return weight, bias, dweight, dbias, False  # the bucket is always written afresh
 
-    def after_backward(self, unit):
+    def after_backward(self, layer):
         self.bucket_tickets[self.bucket_in_use] = self.queue.submit(
-            "reduce_scatter_sum", self.grad_buckets[self.bucket_in_use][:unit.padded],
-            self.grad_shard[self.layout.shard_slice(unit)], "grads", accumulate=not self.first_micro_batch)
+            "reduce_scatter_sum", self.grad_buckets[self.bucket_in_use][:layer.padded],
+            self.grad_shard[self.layout.shard_slice(layer)], "grads", accumulate=not self.first_micro_batch)
