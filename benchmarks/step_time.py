@@ -53,7 +53,7 @@ from zerompi.engine import build_engine              # noqa: E402
 from zerompi.ledger import MemoryLedger              # noqa: E402
 from zerompi.overlap import OverlapConfig            # noqa: E402
 from zerompi.precision import precision_for          # noqa: E402
-from zerompi.train_step import train_step            # noqa: E402
+from zerompi.step import train_step            # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.Get_rank(), COMM.Get_size()

@@ -8,13 +8,13 @@ own tests use the same trick: host memory behind a device-array interface.)
 
 `StandInGPU(tensor_cores=True)` also gives it a `gemm`, so that zerompi/model.py takes the GPU's
 matrix-multiply path (16-bit operands, wider outputs, adding into gradients): each call goes
-through zerompi/gemm.py's `cublas_arguments`, exactly the arguments cuBLAS would get, and
+through zerompi/devices/gemm.py's `cublas_arguments`, exactly the arguments cuBLAS would get, and
 `column_major_gemm` below does what cublasGemmEx does with them, on the flat host buffers.
 """
 import numpy as np
 
-from zerompi.device import CPU
-from zerompi.gemm import ACCUMULATE, CUBLAS_COMPUTE_32F, CUBLAS_OP_N, cublas_arguments
+from zerompi.devices.device import CPU
+from zerompi.devices.gemm import ACCUMULATE, CUBLAS_COMPUTE_32F, CUBLAS_OP_N, cublas_arguments
 
 
 def column_major(array, rows, cols, ld):

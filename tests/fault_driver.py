@@ -11,7 +11,7 @@ RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on tho
     nan-grad:L  layer L's weight gradient gets a NaN right after its backward, before any
                 reduction                                           (a bad kernel on one rank)
 
-The training itself is the real one (zerompi.train.main, real MPI); the driver only wraps the
+The training itself is the real one (zerompi.train.run.main, real MPI); the driver only wraps the
 step function, so every detection and report under test is zerompi's own.
 """
 import os
@@ -21,12 +21,12 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import zerompi.train
+import zerompi.train.run
 
 fault, ranks, fault_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rank = MPI.COMM_WORLD.Get_rank()
 faulty = ranks == "all" or str(rank) in ranks.split(",")
-real_train_step = zerompi.train.train_step
+real_train_step = zerompi.train.run.train_step
 steps_done = 0
 
 
@@ -59,5 +59,5 @@ def faulty_train_step(zero, mlp, micro_batches, *args):
     return real_train_step(zero, mlp, micro_batches, *args)
 
 
-zerompi.train.train_step = faulty_train_step
-sys.exit(zerompi.train.main(sys.argv[4:]))
+zerompi.train.run.train_step = faulty_train_step
+sys.exit(zerompi.train.run.main(sys.argv[4:]))

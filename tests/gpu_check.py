@@ -8,7 +8,7 @@ about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying w
        (ZEROMPI_CUDA_AWARE=0) and, where the MPI is CUDA-aware, through the direct path too;
        float32 (with gradient accumulation too), fp16 and bf16 runs must track the CPU's
        weights; --overlap on (collectives from the communication thread) and --comm nccl on one
-       rank (NCCL wants a GPU per rank) must match in float64; zerompi/gemm.py's cuBLAS GemmEx
+       rank (NCCL wants a GPU per rank) must match in float64; zerompi/devices/gemm.py's cuBLAS GemmEx
        must equal cupy.matmul (float64, every transpose, with and without adding into c) and
        16-bit products must equal float32 products of the same 16-bit values
     3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32, fp16 and
@@ -116,7 +116,7 @@ def correctness(cuda_aware, folder, report):
 
 def gemm_correctness(cupy, report):
     """zerompi.gemm.gemm on the GPU against cupy.matmul, and 16-bit against float32 products."""
-    from zerompi.gemm import gemm
+    from zerompi.devices.gemm import gemm
     from zerompi.precision import BF16
     rng = np.random.default_rng(0)
     worst = 0.0
@@ -173,7 +173,7 @@ def gemm_correctness(cupy, report):
 
 
 def nccl_available():
-    from zerompi.device import _nccl_available
+    from zerompi.devices.device import _nccl_available
     return _nccl_available()
 
 
@@ -190,7 +190,7 @@ def transport():
 def gemm_tflops(cupy, m, k, n, dtype, repeats=10):
     """Median TFLOP/s of zerompi.gemm's (m, k) @ (k, n) product with dtype operands and a float32
     (float64 for float64) output, as the training step runs it; timed with CUDA events."""
-    from zerompi.gemm import gemm
+    from zerompi.devices.gemm import gemm
     a = cupy.random.standard_normal((m, k), dtype=np.float32).astype(dtype)
     b = cupy.random.standard_normal((k, n), dtype=np.float32).astype(dtype)
     out = cupy.empty((m, n), np.float64 if np.dtype(dtype).itemsize == 8 else np.float32)
@@ -212,7 +212,7 @@ def step_speed(device, dtype_name, rows, report):
     from zerompi.comm import Communicator
     from zerompi.engine import build_engine
     from zerompi.precision import precision_for
-    from zerompi.train_step import train_step
+    from zerompi.step import train_step
 
     sizes = [1024, 2048, 2048, 2048, 2048, 10]
     precision = precision_for(dtype_name)
@@ -242,7 +242,7 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    from zerompi.device import check_device, select_device
+    from zerompi.devices.device import check_device, select_device
     device, error = select_device("gpu", os.environ)
     if error:
         report(f"SKIPPED: {error}")

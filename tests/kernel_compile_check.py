@@ -4,7 +4,7 @@ without a GPU: `python tests/kernel_compile_check.py` where CuPy and NVRTC are i
 runs it, and skips, saying why, where they are missing.
 
 CuPy compiles an ElementwiseKernel on its first call, for the dtypes of that call's arrays; that
-needs a GPU. This check wraps each kernel body (zerompi/gpu_kernels.py) the way CuPy does: input
+needs a GPU. This check wraps each kernel body (zerompi/devices/kernels.py) the way CuPy does: input
 parameters as `const T x = ...`, outputs as references `T &y = ...`, the type placeholders as
 typedefs of CuPy's device types (float16, bfloat16: CuPy's own headers), and compiles it for
 compute capability 9.0. A body that does not compile for some dtype (a missing conversion from
@@ -13,7 +13,7 @@ bfloat16, say) fails here instead of in a user's first GPU run.
 import os
 import sys
 
-from zerompi import gpu_kernels
+from zerompi.devices import kernels as gpu_kernels
 from zerompi.precision import precision_for
 
 C_TYPE = {"float64": "double", "float32": "float", "float16": "float16", "bfloat16": "bfloat16"}

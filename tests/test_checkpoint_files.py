@@ -38,7 +38,7 @@ from zerompi.checkpoint.files import CheckpointReader
 from zerompi.comm import Communicator
 from zerompi.engine import build_engine
 from zerompi.precision import precision_for
-from zerompi.safetensors_io import read_header, read_tensor
+from zerompi.checkpoint.safetensors_io import read_header, read_tensor
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SIZES = [32, 9, 7, 10]                       # synthetic data: 32 features, 10 classes

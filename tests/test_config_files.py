@@ -1,4 +1,4 @@
-"""--config FILE.toml and DeepSpeed JSON configs (zerompi/config_files.py), parsed as on N ranks.
+"""--config FILE.toml and DeepSpeed JSON configs (zerompi/train/config_files.py), parsed as on N ranks.
 
 The end-to-end runs (one clear line, exit 2, nothing written) are in tests/test_cli.py's
 bad-input table; here: what each file maps to, that the command line wins, and that every
@@ -10,7 +10,7 @@ import os
 import pytest
 
 from test_cli import train_ok, load_weights
-from zerompi.config import ArgumentError, TrainConfig, parse_args
+from zerompi.train.config import ArgumentError, TrainConfig, parse_args
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from zerompi.data import BatchSchedule, DataError, Dataset, load_npz, make_synthetic
+from zerompi.train.data import BatchSchedule, DataError, Dataset, load_npz, make_synthetic
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import types
 import numpy as np
 import pytest
 
-from zerompi import mpi_cuda
-from zerompi.device import CPU, GPU, array_module, check_device, local_rank, select_device, take, to_numpy
+from zerompi.devices import mpi_cuda
+from zerompi.devices.device import CPU, GPU, array_module, check_device, local_rank, select_device, take, to_numpy
 
 
 def fake_cupy(count, raise_on_count=None):
@@ -209,7 +209,7 @@ def test_this_machines_mpi_is_not_cuda_aware_by_every_question():
 
 
 def test_device_choice_reads_the_command_line_then_the_toml_config(tmp_path):
-    from zerompi.config import device_choice
+    from zerompi.train.config import device_choice
     toml = tmp_path / "run.toml"
     toml.write_text('device = "cpu"\nstage = 2\n')
     assert device_choice([]) == "auto"

@@ -1,4 +1,4 @@
-"""zerompi/gemm.py without a GPU: the row-major to column-major bookkeeping handed to cuBLAS.
+"""zerompi/devices/gemm.py without a GPU: the row-major to column-major bookkeeping handed to cuBLAS.
 
 cublas_arguments turns c = op(a) @ op(b) on row-major arrays into cublasGemmEx's arguments.
 Replayed by a column-major GEMM written out in NumPy (tests/device_stand_in.py: what cuBLAS does
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from device_stand_in import column_major_gemm, stand_in_gemm
-from zerompi import gemm
+from zerompi.devices import gemm
 from zerompi.precision import precision_for
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

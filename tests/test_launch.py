@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from zerompi.launch import blas_threads, launch_mismatch, launcher_rank
+from zerompi.train.launch import blas_threads, launch_mismatch, launcher_rank
 
 
 def test_matching_launch_is_fine():
@@ -44,7 +44,7 @@ def test_a_lone_process_that_was_told_it_has_siblings_stops_with_one_line(tmp_pa
 
 
 def test_omp_num_threads_must_be_a_positive_integer():
-    from zerompi.launch import threads_variable_error
+    from zerompi.train.launch import threads_variable_error
     assert threads_variable_error({}) is None
     assert threads_variable_error({"OMP_NUM_THREADS": "2"}) is None
     assert threads_variable_error({"OMP_NUM_THREADS": "4,2"}) is None          # OpenMP's nested form

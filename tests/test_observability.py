@@ -20,7 +20,7 @@ import pytest
 
 from test_cli import ERROR_MARK, files_under, launch, loss_lines, train_ok
 from zerompi.ledger import MEMORY_KINDS
-from zerompi.status_line import ERASE_LINE, StatusLine, format_seconds, format_status
+from zerompi.train.status_line import ERASE_LINE, StatusLine, format_seconds, format_status
 
 METRICS_KEYS = {"step", "loss", "accuracy", "lr", "grad_norm", "applied", "loss_scale", "step_seconds",
                 "samples_per_second", "comm"}

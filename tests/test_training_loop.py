@@ -5,9 +5,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from zerompi.loss_scale import LossScaler
+from zerompi.train.loss_scale import LossScaler
 from zerompi.precision import DTYPE_NAMES, precision_for
-from zerompi.schedule import learning_rate
+from zerompi.train.schedule import learning_rate
 
 
 def test_constant_schedule_with_warmup():

@@ -10,7 +10,7 @@ from zerompi.comm import Communicator
 from zerompi.engine import build_engine
 from zerompi.precision import precision_for
 from zerompi.layout import Layout
-from zerompi.weights import WeightsError, check_writable, read_weights, save_weights
+from zerompi.checkpoint.weights import WeightsError, check_writable, read_weights, save_weights
 
 SIZES = [5, 37, 53, 7]
 

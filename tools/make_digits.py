@@ -1,4 +1,4 @@
-"""Regenerate zerompi/datasets/digits.npz from scikit-learn's copy of the UCI handwritten digits.
+"""Regenerate zerompi/train/datasets/digits.npz from scikit-learn's copy of the UCI handwritten digits.
 
     pip install scikit-learn && python tools/make_digits.py
 
@@ -21,7 +21,7 @@ def main():
     y = digits.target.astype(np.uint8)             # (1797,), 0..9
     order = np.random.default_rng(0).permutation(len(y))
     train, test = order[HELD_OUT:], order[:HELD_OUT]
-    path = os.path.join(os.path.dirname(__file__), "..", "zerompi", "datasets", "digits.npz")
+    path = os.path.join(os.path.dirname(__file__), "..", "zerompi", "train", "datasets", "digits.npz")
     np.savez_compressed(path, x=x[train], y=y[train], x_test=x[test], y_test=y[test])
     print(f"wrote {os.path.normpath(path)}: {len(train)} train, {len(test)} held out")
 

@@ -26,7 +26,7 @@ chunk-sized scratch. The last line is computed in the equivalent form
 
 (the denominator multiplied through by sqrt(1 - beta2^t)), one pass fewer per chunk; the decay
 pass is skipped when weight decay is 0. What is left is 11-12 NumPy passes per chunk, through cache.
-On a GPU the whole update is one fused kernel (zerompi/gpu_kernels.py): one read of g, p, m,
+On a GPU the whole update is one fused kernel (zerompi/devices/kernels.py): one read of g, p, m,
 v and one write of p, m, v, and no scratch.
 """
 import math
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import gpu_kernels
+from .devices import kernels as gpu_kernels
 
 CHUNK = 65536
 

@@ -23,9 +23,9 @@ the same volume as plain data parallelism.
 bits once (zerompi/precision.py says why); all-gathers move the 16-bit words as they are. The
 ledger records the buffer that actually went to MPI, so its bytes show the widened reductions.
 
-Device memory (CuPy arrays, zerompi/device.py): before any MPI call on device memory the CUDA
+Device memory (CuPy arrays, zerompi/devices/device.py): before any MPI call on device memory the CUDA
 stream that produced it is synchronized (mpi4py hands MPI the raw pointer and does not wait).
-A CUDA-aware MPI (zerompi/mpi_cuda.py) then reads and writes the device buffer itself; any other
+A CUDA-aware MPI (zerompi/devices/mpi_cuda.py) then reads and writes the device buffer itself; any other
 MPI gets a preallocated pinned host buffer, the largest collective's worth (`host_staging`):
 
     reduce-scatter:  device full --copy--> host --Reduce_scatter_block(IN_PLACE)--> host[:n/N]
@@ -37,14 +37,14 @@ MPI gets a preallocated pinned host buffer, the largest collective's worth (`hos
 The ledger's seconds include those copies: they are part of what the collective costs there.
 
 MPI is initialized when the first Communicator is built, not when this module is imported, so
-that zerompi/device.py can choose the GPU first.
+that zerompi/devices/device.py can choose the GPU first.
 
 `check_all` turns an error found on some ranks into the same clean exit on all of them.
-With --trace, `tracer` (zerompi/trace.py) also receives each timed collective as a span.
+With --trace, `tracer` (zerompi/observe/trace.py) also receives each timed collective as a span.
 
 Guards, off unless `guard` turns them on (`_begin` runs before every collective, `_end` after):
---check-collectives exchanges a header first (zerompi/collective_check.py), --collective-timeout
-ends the job when a collective waits too long (zerompi/watchdog.py).
+--check-collectives exchanges a header first (zerompi/observe/collective_check.py), --collective-timeout
+ends the job when a collective waits too long (zerompi/observe/watchdog.py).
 """
 import atexit
 import copy
@@ -57,12 +57,12 @@ mpi4py.rc.initialize = False          # MPI starts in init_mpi(), after the devi
 from mpi4py import MPI                # noqa: E402
 import numpy as np                    # noqa: E402
 
-from .collective_check import MISMATCH, CollectiveCheck   # noqa: E402
-from .device import CPU               # noqa: E402
+from .observe.collective_check import MISMATCH, CollectiveCheck   # noqa: E402
+from .devices.device import CPU               # noqa: E402
 from .ledger import CommLedger        # noqa: E402
-from .mpi_cuda import cuda_aware      # noqa: E402
+from .devices.mpi_cuda import cuda_aware      # noqa: E402
 from .precision import is_16bit       # noqa: E402
-from .watchdog import CollectiveWatchdog   # noqa: E402
+from .observe.watchdog import CollectiveWatchdog   # noqa: E402
 
 
 def init_mpi():
@@ -80,8 +80,8 @@ def _words(buf):
 
 class Communicator:
     def __init__(self, mpi_comm=None, device=None, mpi_reads_device_memory=None):
-        """device: where the training buffers live (zerompi/device.py; the CPU by default).
-        mpi_reads_device_memory: whether MPI is CUDA-aware; None asks the library (zerompi/mpi_cuda.py)."""
+        """device: where the training buffers live (zerompi/devices/device.py; the CPU by default).
+        mpi_reads_device_memory: whether MPI is CUDA-aware; None asks the library (zerompi/devices/mpi_cuda.py)."""
         init_mpi()
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
@@ -207,7 +207,7 @@ class Communicator:
         self._gather_all(_words(full), None)
         self._record("allgather", purpose, full, start)
 
-    # ---- transport: the only code that moves training buffers between ranks (zerompi/comm_nccl.py
+    # ---- transport: the only code that moves training buffers between ranks (zerompi/devices/nccl.py
     # overrides these three). Device memory goes to a CUDA-aware MPI directly, once its stream is
     # done, or through the pinned host staging (the pictures in the module docstring).
     def _sum_all(self, buf):

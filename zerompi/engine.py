@@ -2,7 +2,7 @@
 
     layout  = Layout(sizes, N)              where each layer lives (zerompi/layout.py)
     memory  = MemoryLedger(comm.device)     every buffer below is allocated through it, on the
-                                            communicator's device (NumPy or CuPy, zerompi/device.py)
+                                            communicator's device (NumPy or CuPy, zerompi/devices/device.py)
     zero    = STAGES[stage](layout, ...)    parameters, gradients, Adam state, collectives
     mlp     = MLP(layout, batch_rows, ...)  activation buffers for this rank's rows of a micro-batch
 """

@@ -27,17 +27,17 @@ mean loss: no separate averaging pass is needed.
 All functions are checked against finite differences in float64 (tests/test_layers.py).
 
 Every function computes with the array module of its arguments (NumPy, or CuPy on a GPU: see
-zerompi/device.py). On a GPU the two GELU functions and the bias add run as one fused kernel each
-(zerompi/gpu_kernels.py) instead of the chain of in-place passes written out below, and the linear
-layer's products are the device's GEMM (`gemm`, zerompi/gemm.py) when one is given: it reads
+zerompi/devices/device.py). On a GPU the two GELU functions and the bias add run as one fused kernel each
+(zerompi/devices/kernels.py) instead of the chain of in-place passes written out below, and the linear
+layer's products are the device's GEMM (`gemm`, zerompi/devices/gemm.py) when one is given: it reads
 16-bit operands on tensor cores, writes a wider output, and can add into its output.
 """
 import math
 
 import numpy as np
 
-from . import gpu_kernels
-from .device import array_module, take
+from .devices import kernels as gpu_kernels
+from .devices.device import array_module, take
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715

@@ -27,7 +27,7 @@ import resource
 import threading
 from collections import defaultdict
 
-from .device import CPU
+from .devices.device import CPU
 
 MEMORY_KINDS = ("params", "grads", "optimizer", "work", "activations")
 RING_FACTOR = {"reduce_scatter": 1, "allgather": 1, "allreduce": 2}

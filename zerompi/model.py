@@ -14,7 +14,7 @@ rows. For layer i with input width I and output width O:
 Mixed precision (zerompi/precision.py): the stage hands out 16-bit weights and gradient views,
 and the device decides how the matrix multiplies read them (shapes as above):
 
-    CPU: NumPy (no fast 16-bit matmul)          GPU: the device's gemm (zerompi/gemm.py)
+    CPU: NumPy (no fast 16-bit matmul)          GPU: the device's gemm (zerompi/devices/gemm.py)
     weight, bias widened into param_work        16-bit weight and bias read as they are
       (float32, one layer) on every use
     x_i, d_pre_i float32                        x_i, d_pre_i 16-bit: the tensor cores' operands,
@@ -29,7 +29,7 @@ and the device decides how the matrix multiplies read them (shapes as above):
 
 `grad_work` also serves NumPy's gradient accumulation in full precision (numpy's matmul cannot
 add into its output: compute, then add), and widens 16-bit gradients for their sum of squares
-(zerompi/train_step.py); on a GPU the GEMM adds, and a gradient's sum of squares is the 1 x 1
+(zerompi/step.py); on a GPU the GEMM adds, and a gradient's sum of squares is the 1 x 1
 GEMM g g^T (16-bit read, float32 accumulated), so it has none. In full precision on a GPU the
 same GEMMs run on float32 or float64 operands (no TF32).
 

@@ -36,7 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from .collective_check import call_site
+from .observe.collective_check import call_site
 
 
 class CommQueue:

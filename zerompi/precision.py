@@ -17,7 +17,7 @@ bfloat16 comes from the ml_dtypes package with no BLAS at all), so on a CPU each
 computed in float32 and rounded to 16 bits when it is stored. The stored state stays 16-bit; the
 cost is one extra pass over each layer's weights in forward and in backward (see README for the
 measured cost). On a GPU the matrix multiplies read the 16-bit weights and 16-bit activations
-directly, on tensor cores, accumulating in float32 (zerompi/gemm.py, zerompi/model.py); the
+directly, on tensor cores, accumulating in float32 (zerompi/devices/gemm.py, zerompi/model.py); the
 elementwise work (GELU, the loss, Adam) stays float32 there too.
 
 Reduction (`reduce_dtype`): MPI has no bfloat16 type, and adding 16-bit numbers in 16 bits loses

@@ -6,7 +6,7 @@ from zerompi.comm import Communicator
 from zerompi.engine import build_engine
 from zerompi.overlap import OverlapConfig
 from zerompi.precision import precision_for
-from zerompi.train_step import train_step
+from zerompi.step import train_step
 
 GLOBAL_BATCH = 24          # divisible by every N tested: 1, 2, 3, 4, 8
 LR, WEIGHT_DECAY = 1e-2, 0.1

@@ -9,7 +9,7 @@ line naming both call sites.
 import numpy as np
 import pytest
 
-from zerompi.collective_check import MISMATCH
+from zerompi.observe.collective_check import MISMATCH
 from zerompi.comm import Communicator
 from zerompi.overlap import CommQueue
 

@@ -20,7 +20,7 @@ from mpi4py import MPI
 from helpers import consolidated, make_batches, make_engine, run_steps
 from zerompi.comm import Communicator
 from zerompi.overlap import OverlapConfig
-from zerompi.train_step import count_correct
+from zerompi.step import count_correct
 
 SIZES = [13, 37, 53, 19, 7]      # 4 layers, none divisible by N: padding in every shard
 DELAY_S = 0.002

@@ -1,4 +1,4 @@
-"""The GPU's matrix-multiply path (zerompi/model.py, zerompi/gemm.py) without a GPU.
+"""The GPU's matrix-multiply path (zerompi/model.py, zerompi/devices/gemm.py) without a GPU.
 
 The stand-in device with tensor_cores=True (tests/device_stand_in.py) makes the MLP compute as on
 a GPU: 16-bit operands (x_i, d_pre_i, d_logits) rounded once by the code that writes them, float32

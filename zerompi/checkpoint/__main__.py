@@ -13,7 +13,7 @@ import sys
 
 from .export import consolidate, export_safetensors, verify_all
 from .files import LATEST, CheckpointError, latest_checkpoint, read_manifest
-from ..safetensors_io import SafetensorsError
+from .safetensors_io import SafetensorsError
 
 
 def resolve(path):

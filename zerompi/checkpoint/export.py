@@ -10,8 +10,8 @@ out, and dropped before the next: memory stays at one tensor, whatever the model
 """
 import numpy as np
 
-from ..safetensors_io import write_safetensors
-from ..weights import write_npz
+from .safetensors_io import write_safetensors
+from .weights import write_npz
 from .files import CheckpointReader
 
 

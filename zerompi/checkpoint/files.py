@@ -39,7 +39,7 @@ import zlib
 
 import numpy as np
 
-from ..atomic import atomic_file
+from .atomic import atomic_file
 from ..precision import BF16
 
 FORMAT, VERSION = "zerompi-checkpoint", 1

@@ -27,8 +27,8 @@ import zlib
 
 import numpy as np
 
-from ..atomic import fsync_folder
-from ..device import to_numpy
+from .atomic import fsync_folder
+from ..devices.device import to_numpy
 from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, on_disk, shard_file_name,
                     step_folder_name, write_text_atomically)
 

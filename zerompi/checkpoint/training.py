@@ -15,8 +15,8 @@ import signal
 
 import numpy as np
 
-from ..device import to_numpy
-from ..weights import WeightsError, read_weights
+from ..devices.device import to_numpy
+from .weights import WeightsError, read_weights
 from .files import CheckpointError, latest_checkpoint
 from .load import load_checkpoint
 from .save import save_checkpoint

@@ -1,7 +1,7 @@
 """The four ZeRO stages, to be read in order: stage0.py -> stage1.py -> stage2.py -> stage3.py.
 
 Each stage is a small class that fills in the same hooks of the training step (see
-zerompi/train_step.py) and differs from the one before in one thing it partitions:
+zerompi/step.py) and differs from the one before in one thing it partitions:
 
     stage   persistent per rank (elements)          collectives per step
     0       params Psi, grads Psi, Adam 2 Psi       all-reduce grads

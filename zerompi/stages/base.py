@@ -1,6 +1,6 @@
 """What every stage shares: the hooks of the training step, and the optimizer step built on them.
 
-The training step (zerompi/train_step.py) calls, per micro-batch and per layer (one linear layer):
+The training step (zerompi/step.py) calls, per micro-batch and per layer (one linear layer):
 
     zero.start_micro_batch(first, last)
     weight, bias = zero.before_forward(layer)          ...forward...    zero.after_forward(layer)
@@ -140,7 +140,7 @@ class ZeroStage:
     def update(self, lr, grad_multiplier):
         self.finish_communication()
         self.adam.begin_step()
-        tracer = self.comm.tracer                 # None unless --trace (zerompi/trace.py)
+        tracer = self.comm.tracer                 # None unless --trace (zerompi/observe/trace.py)
         for layer in self.layout.layers:
             param, grad, state, _ = self.owned(layer)
             start = tracer and tracer.now()

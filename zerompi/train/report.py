@@ -21,8 +21,8 @@ import json
 
 import numpy as np
 
-from .ledger import MEMORY_KINDS
-from .memory import comm_elements_per_step, model_state_bytes
+from ..ledger import MEMORY_KINDS
+from ..memory import comm_elements_per_step, model_state_bytes
 
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds")
 

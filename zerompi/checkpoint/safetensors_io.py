@@ -8,7 +8,7 @@ The format (https://github.com/huggingface/safetensors):
     offsets are relative to the start of the data; tensors are C-ordered, little-endian.
 
 The header is computed first from the names, shapes and dtypes, so the data can then be streamed:
-no more than one tensor is ever in memory. The file is written atomically (zerompi/atomic.py). bfloat16 is stored as "BF16" (its raw 16-bit words), which PyTorch and
+no more than one tensor is ever in memory. The file is written atomically (zerompi/checkpoint/atomic.py). bfloat16 is stored as "BF16" (its raw 16-bit words), which PyTorch and
 JAX read natively; this reader returns it as ml_dtypes.bfloat16.
 """
 import json

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .device import array_module, to_numpy
+from .devices.device import array_module, to_numpy
 from .layers import softmax_cross_entropy
 from .precision import is_16bit
 
@@ -39,7 +39,7 @@ class StepResult:
 def forward(zero, mlp, x):
     """x (n, sizes[0]) -> logits (n, sizes[-1]), a view into mlp's buffers."""
     h = mlp.load_input(x)
-    tracer = zero.comm.tracer                      # None unless --trace (zerompi/trace.py)
+    tracer = zero.comm.tracer                      # None unless --trace (zerompi/observe/trace.py)
     for layer in mlp.layers:
         weight, bias = zero.before_forward(layer)
         start = tracer and tracer.now()

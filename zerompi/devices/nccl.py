@@ -4,7 +4,7 @@ MPI still starts the job and bootstraps NCCL:
 
     rank 0:     uid = nccl.get_unique_id()          (128 bytes naming the new NCCL communicator)
     all ranks:  MPI broadcast of uid from rank 0
-    all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/device.py)
+    all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/devices/device.py)
 
 Then the three transport methods run on NCCL, on CuPy's default stream, reading and writing
 device memory directly (no host staging, no MPI). Everything else stays with the parent class:
@@ -23,7 +23,7 @@ not done here).
 """
 import numpy as np
 
-from .comm import Communicator
+from ..comm import Communicator
 
 
 class NcclCommunicator(Communicator):

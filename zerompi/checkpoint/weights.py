@@ -11,7 +11,7 @@ one per tensor, with no pickled objects (always read with allow_pickle=False):
 Saving streams one layer at a time: every rank takes part in `full_layer_params` (a collective
 all-gather in stage 3), and rank 0 writes that layer's two arrays into the archive before the next
 layer is gathered, so no rank ever holds more than one layer's gathered parameters. The archive is
-written atomically (zerompi/atomic.py): a reader sees the old file or the complete new one.
+written atomically (zerompi/checkpoint/atomic.py): a reader sees the old file or the complete new one.
 
 Loading reads one layer at a time on every rank (np.load of an .npz is lazy per array) and hands
 the values to the stage, which keeps what it owns. A .safetensors file with the same tensor names
@@ -24,8 +24,8 @@ import zlib
 import numpy as np
 
 from .atomic import atomic_file
-from .device import to_numpy
-from .precision import BF16
+from ..devices.device import to_numpy
+from ..precision import BF16
 
 from .safetensors_io import SafetensorsError, read_header, read_tensor
 
@@ -48,7 +48,7 @@ def check_writable(path, what="weights"):
 
 
 def write_npz(path, named_tensors):
-    """Stream (name, tensor) pairs into a consolidated .npz, atomically (zerompi/atomic.py)."""
+    """Stream (name, tensor) pairs into a consolidated .npz, atomically (zerompi/checkpoint/atomic.py)."""
     with atomic_file(path) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, tensor in named_tensors:
             with archive.open(name + ".npy", "w", force_zip64=True) as member:

@@ -9,7 +9,7 @@ backward, and Adam divides S back out (zerompi/adam.py's grad_multiplier).
     `growth_interval` good steps in a row:                S = S * 2
     S below `min_scale`:                                  the run stops with an error
 
-All ranks decide from the same all-reduced gradient norm (zerompi/train_step.py), so they agree
+All ranks decide from the same all-reduced gradient norm (zerompi/step.py), so they agree
 without any further communication. bf16 has float32's exponent range and needs none of this:
 its scale stays 1, as in float32 and float64.
 """

@@ -9,7 +9,7 @@ compute functions take their array module from their arguments (`array_module(x)
 code runs on both. Crossing between host and device is explicit and happens only at the edges:
 the data set is copied to the device once, checkpoints and weights are copied back
 (`to_numpy`), and MPI gets device buffers directly or through pinned host staging
-(zerompi/comm.py, zerompi/mpi_cuda.py).
+(zerompi/comm.py, zerompi/devices/mpi_cuda.py).
 
 Which GPU: the launcher's local rank modulo the GPUs this process sees, chosen BEFORE MPI
 initializes (zerompi/comm.py initializes MPI when the first Communicator is built): a CUDA-aware
@@ -31,7 +31,7 @@ let the local rank choose (the scripts in slurm/ do).
 import numpy as np
 
 from .gemm import gemm as cublas_gemm
-from .launch import first_number
+from ..train.launch import first_number
 
 DEVICE_CHOICES = ("auto", "cpu", "gpu")
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID",
@@ -117,7 +117,7 @@ class GPU(CPU):
     which comm.py does before handing device memory to MPI."""
 
     is_gpu = True
-    gemm = staticmethod(cublas_gemm)   # cuBLAS GemmEx: 16-bit inputs on tensor cores (zerompi/gemm.py)
+    gemm = staticmethod(cublas_gemm)   # cuBLAS GemmEx: 16-bit inputs on tensor cores (zerompi/devices/gemm.py)
 
     def __init__(self, cupy, index, count):
         self.xp = cupy
@@ -164,7 +164,7 @@ def check_device(device, dtype_name, comm_backend, ranks_on_node):
         return (f"--comm nccl: {ranks_on_node} ranks on this node but {device.count} GPU(s): NCCL needs a "
                 f"GPU per rank (use --comm mpi to share GPUs)")
     if device.is_gpu and dtype_name == "bf16":
-        from .precision import BF16
+        from ..precision import BF16
         try:
             device.zeros(2, BF16).astype(np.float32)     # a kernel on bfloat16, not only a memset
         except Exception:

@@ -8,7 +8,7 @@ Open the file in https://ui.perfetto.dev (drag it in) or chrome://tracing: one p
                                      allgather params ...                (cat "comm", stage 3)
                                                   reduce_scatter grads   (cat "comm", stages 2-3)
 
-Compute spans ("compute"): each layer's forward and backward (zerompi/train_step.py), the loss, and
+Compute spans ("compute"): each layer's forward and backward (zerompi/step.py), the loss, and
 Adam's update of each layer (zerompi/stages/base.py). Communication spans ("comm"): every ledgered
 collective, recorded where it is timed (zerompi/comm.py), with its op, purpose and bytes (the
 buffer handed to MPI). Each span is one Chrome "complete" event {"ph": "X", "ts", "dur"} in
@@ -23,13 +23,13 @@ one None check. When on, a span is two perf_counter calls and one list append; t
 memory (per step: three compute spans per layer, one per collective, one for the loss and the
 step; about 150 bytes each) until the end of training, when rank 0 gathers every rank's
 events (one Gatherv of their JSON text, see Communicator.gather_bytes_to_root) and writes one file
-atomically (zerompi/atomic.py). A run that stops early (diverged, preempted) writes no trace.
+atomically (zerompi/checkpoint/atomic.py). A run that stops early (diverged, preempted) writes no trace.
 """
 import json
 import threading
 import time
 
-from .atomic import atomic_file
+from ..checkpoint.atomic import atomic_file
 
 
 class Tracer:

@@ -20,7 +20,7 @@ Printed once: every waiting rank's watchdog would fire at about the same moment,
 `stagger(r)` seconds late: the lowest waiting rank prints, pauses REPORT_PAUSE_SECONDS (mpirun
 forwards output asynchronously, and an abort right after a print lost the line on a loaded
 machine) and aborts, and the abort ends the others before their turn (measured with mpirun: well
-under 0.5 s). The same stagger keeps a failure that hits every rank at once (zerompi/train.py
+under 0.5 s). The same stagger keeps a failure that hits every rank at once (zerompi/train/run.py
 main) to one report.
 """
 import sys

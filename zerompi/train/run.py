@@ -2,11 +2,11 @@
 
     1. parse and check the arguments           (every rank; errors printed once, all exit 2)
     2. load the data, build the engine, load initial weights, check the save path
-    3. for each step: this rank's rows of each micro-batch -> train_step (zerompi/train_step.py)
-       at the step's learning rate (zerompi/schedule.py) and loss scale (zerompi/loss_scale.py)
-    4. held-out accuracy, consolidated weights, and the ledger report (zerompi/report.py)
+    3. for each step: this rank's rows of each micro-batch -> train_step (zerompi/step.py)
+       at the step's learning rate (zerompi/train/schedule.py) and loss scale (zerompi/train/loss_scale.py)
+    4. held-out accuracy, consolidated weights, and the ledger report (zerompi/train/report.py)
 
-Every rank sees the same global batch sequence (zerompi/data.py's BatchSchedule). Step s's
+Every rank sees the same global batch sequence (zerompi/train/data.py's BatchSchedule). Step s's
 global batch of G rows is cut into K micro-batches of G/K rows, and rank r takes rows
 [r*b, (r+1)*b) of each, b = G / (K N):
 
@@ -19,7 +19,7 @@ Exit status: 0 done; 2 bad input (one line on stderr); 3 training diverged (a no
 gradient in float32/float64/bf16, or the fp16 loss scale collapsed): the last good weights are
 saved where --save-weights is set; 4 preempted (SIGTERM/SIGUSR1): a checkpoint was written to
 --save-dir, continue with --resume; 5 the ranks disagreed on a collective (--check-collectives);
-6 a collective waited past --collective-timeout (zerompi/watchdog.py); 1 an unexpected failure
+6 a collective waited past --collective-timeout (zerompi/observe/watchdog.py); 1 an unexpected failure
 (traceback, one line naming the rank, MPI_Abort).
 """
 import math
@@ -31,27 +31,27 @@ import traceback
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from .adam import AdamConfig
-from .comm import Communicator
-from .comm_nccl import NcclCommunicator
+from ..adam import AdamConfig
+from ..comm import Communicator
+from ..devices.nccl import NcclCommunicator
 from .config import ArgumentError, check_config, device_choice, parse_args
 from .data import BatchSchedule, DataError, load_digits, load_npz, make_synthetic
-from .device import check_device, select_device, take
-from .engine import build_engine
+from ..devices.device import check_device, select_device, take
+from ..engine import build_engine
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler
 from .metrics import MetricsLog
-from .overlap import OverlapConfig
-from .precision import precision_for
+from ..overlap import OverlapConfig
+from ..precision import precision_for
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
 from .status_line import StatusLine
-from .trace import Tracer, write_trace
-from .train_step import count_correct, train_step
-from .checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_training_checkpoint,
+from ..observe.trace import Tracer, write_trace
+from ..step import count_correct, train_step
+from ..checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_training_checkpoint,
                                   start_from)
-from .watchdog import report_then_abort, stagger
-from .weights import check_writable, save_weights
+from ..observe.watchdog import report_then_abort, stagger
+from ..checkpoint.weights import check_writable, save_weights
 
 DIVERGED = 3                          # exit status when training stops on a non-finite loss
 
@@ -276,7 +276,7 @@ def held_out_accuracy(engine, data, dtype, rows_per_rank):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/device.py.
+    # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/device.py.
     device, device_error = select_device(device_choice(argv), os.environ)
     comm = Communicator(device=device)
     try:

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, fields
 
 from .config_files import ConfigFileError, flags_from_file
-from .device import DEVICE_CHOICES
-from .precision import DTYPE_NAMES
+from ..devices.device import DEVICE_CHOICES
+from ..precision import DTYPE_NAMES
 from .schedule import SCHEDULES
 
 
@@ -52,8 +52,8 @@ class TrainConfig:
     device: str = "auto"            # cpu (NumPy), gpu (CuPy), or auto: the GPU when CuPy sees one
     comm: str = "mpi"               # collectives through MPI, or nccl (GPU only, NCCL via CuPy)
     progress: str = "auto"          # live: a live line on rank 0; lines: log lines only; auto: live on a terminal
-    metrics: str = ""               # write one JSON line per step here (zerompi/metrics.py)
-    trace: str = ""                 # write a Chrome trace of every rank's spans here (zerompi/trace.py)
+    metrics: str = ""               # write one JSON line per step here (zerompi/train/metrics.py)
+    trace: str = ""                 # write a Chrome trace of every rank's spans here (zerompi/observe/trace.py)
     check_collectives: bool = False # exchange a header before each collective; stop on a disagreement
     collective_timeout: float = 600.0   # end the job when a collective waits longer (seconds; 0: never)
     overlap: str = "off"            # on: collectives run on a communication thread, overlapping compute
@@ -181,7 +181,7 @@ def build_parser(rank=0):
 
 def device_choice(argv):
     """--device from the command line, or from the TOML file --config names, read before MPI
-    starts (zerompi/device.py says why); any problem reads as the default, and the full parse
+    starts (zerompi/devices/device.py says why); any problem reads as the default, and the full parse
     reports it later."""
     peek = _Parser(rank=None, add_help=False)
     peek.add_argument("--device")
@@ -201,7 +201,7 @@ def _file_keys():
 
 
 def parse_args(argv, rank=0, num_ranks=1):
-    """TrainConfig from a command line and the config file it names (zerompi/config_files.py);
+    """TrainConfig from a command line and the config file it names (zerompi/train/config_files.py);
     raises ArgumentError with a one-line message."""
     parser = build_parser(rank)
     files = _Parser(rank, add_help=False)

@@ -1,6 +1,6 @@
 """Config files: a TOML file of zerompi's own flags, or a DeepSpeed-style JSON config.
 
-Both are turned into command-line flags, which zerompi/config.py parses before the real command
+Both are turned into command-line flags, which zerompi/train/config.py parses before the real command
 line, so a flag given on the command line wins over the file, and every value goes through the
 same type checks and error messages as a flag.
 

@@ -15,7 +15,7 @@ communicator (sys._getframe, only while the check is on). Cost: one latency-boun
 32 N bytes per collective, and a stack walk.
 
 A rank that calls no collective at all while the others do is caught by --collective-timeout
-(zerompi/watchdog.py) instead: nobody answers its header.
+(zerompi/observe/watchdog.py) instead: nobody answers its header.
 """
 import os
 import sys
