@@ -11,7 +11,7 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             communication finished. A round's time is the max over ranks of its mean step time; we
             print the median over rounds. Interleaving the rows makes a burst of load from other
             processes hit them all alike. "exposed" is the time per step the training thread
-            spent in or waiting for the grads+params collectives (CommQueue.exposed_s): with
+            spent in or waiting for the grads+params collectives (Collectives.exposed_s): with
             overlap off all of their time, with overlap on what the overlap did not hide. "busy"
             is the time inside those collectives (the CommLedger), wherever they ran.
             Memory: the MemoryLedger's total per row (its peak too: nothing is allocated in the
@@ -180,7 +180,7 @@ class StageRun:
         rng = np.random.default_rng(1000 + RANK)
         x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
         y = rng.integers(0, args.sizes[-1], B)
-        self.step = lambda: train_step(self.engine.zero, self.engine.mlp, [(x, y)], B * N, LR)   # noqa: E731
+        self.step = lambda: train_step(self.engine, [(x, y)], B * N, LR)   # noqa: E731
         for _ in range(args.warmup):
             self.step()
         self.stage, self.round_s, self.steps = stage, [], 0
@@ -188,18 +188,18 @@ class StageRun:
 
     def time_round(self, steps):
         """`steps` steps, the last one's communication included; max over ranks of the mean."""
-        zero, ledger = self.engine.zero, self.engine.comm.ledger
+        stage, ledger = self.engine.stage, self.engine.comm.ledger
         _, ring_before, _, busy_before = ledger.totals({"grads", "params"})
-        exposed_before = zero.queue.exposed_s
+        exposed_before = stage.collectives.exposed_s
         COMM.Barrier()
         start = time.perf_counter()
         for _ in range(steps):
             self.step()
-        zero.finish_communication()
+        stage.finish_communication()
         self.round_s.append(COMM.allreduce((time.perf_counter() - start) / steps, op=MPI.MAX))
         _, ring_after, _, busy_after = ledger.totals({"grads", "params"})
         self.busy_s += busy_after - busy_before
-        self.exposed_s += zero.queue.exposed_s - exposed_before
+        self.exposed_s += stage.collectives.exposed_s - exposed_before
         self.ring_bytes += ring_after - ring_before
         self.steps += steps
 

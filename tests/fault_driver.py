@@ -30,11 +30,11 @@ real_train_step = zerompi.train.run.train_step
 steps_done = 0
 
 
-def faulty_train_step(zero, mlp, micro_batches, *args):
+def faulty_train_step(engine, micro_batches, *args):
     global steps_done
     step, steps_done = steps_done, steps_done + 1
     if not faulty or step != fault_step:
-        return real_train_step(zero, mlp, micro_batches, *args)
+        return real_train_step(engine, micro_batches, *args)
     if fault == "raise":
         raise RuntimeError(f"injected fault at step {step}")
     if fault in ("kill", "stop"):
@@ -44,6 +44,7 @@ def faulty_train_step(zero, mlp, micro_batches, *args):
         micro_batches[0][0][0, 0] = np.inf
     if fault.startswith("nan-grad:"):
         bad_layer = int(fault.split(":")[1])
+        mlp = engine.mlp
         real_backward = mlp.backward_layer
 
         def backward_layer(layer, d_h, weight, bias, dweight, dbias, accumulate):
@@ -53,10 +54,10 @@ def faulty_train_step(zero, mlp, micro_batches, *args):
             return d_in
         mlp.backward_layer = backward_layer
         try:
-            return real_train_step(zero, mlp, micro_batches, *args)
+            return real_train_step(engine, micro_batches, *args)
         finally:
             del mlp.backward_layer                # back to the class's method
-    return real_train_step(zero, mlp, micro_batches, *args)
+    return real_train_step(engine, micro_batches, *args)
 
 
 zerompi.train.run.train_step = faulty_train_step

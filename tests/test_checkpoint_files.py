@@ -35,6 +35,7 @@ from test_cli import ERROR_MARK, launch, load_weights, train_ok
 from zerompi.adam import AdamConfig
 from zerompi.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from zerompi.checkpoint.files import CheckpointReader
+from zerompi.checkpoint.params import full_layer_params
 from zerompi.comm import Communicator
 from zerompi.engine import build_engine
 from zerompi.precision import precision_for
@@ -268,13 +269,13 @@ def test_load_into_one_rank_engine_gives_the_checkpointed_state(checkpoints, tmp
         expected = {"step": 6, "loss_scale": 1.0, "loss_scale_good_steps": 0, "seed": 0, "shuffle": True,
                     "batch_size": 12}
         assert {key: state.get(key) for key in expected} == expected, state
-        assert engine.zero.adam.t == 6
+        assert engine.stage.adam.t == 6
         saved = load_weights(checkpoints[dtype] / "w.npz")
         for layer in engine.layout.layers:
-            full = engine.zero.full_layer_params(layer)
+            full = full_layer_params(engine.stage, layer)
             assert np.array_equal(full.astype(np.float64), as_flat(saved, layer.index)), (dtype, layer.index)
-            _, _, state_slice, _ = engine.zero.owned(layer)
-            for kind, array in (("m", engine.zero.adam.m), ("v", engine.zero.adam.v)):
+            state_slice = engine.stage.owned(layer).state
+            for kind, array in (("m", engine.stage.adam.m), ("v", engine.stage.adam.v)):
                 want = oracle_flat(folder, layer.index, kind)[:layer.numel]
                 assert same_bits(array[state_slice], want), (dtype, kind, layer.index)
 

@@ -7,6 +7,7 @@ import pytest
 
 from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
+from zerompi.checkpoint.params import full_layer_params, set_layer_params
 from zerompi.engine import build_engine
 from zerompi.precision import precision_for
 from zerompi.layout import Layout
@@ -22,7 +23,7 @@ def make_engine(stage, dtype, seed=0, sizes=SIZES):
     values = []
     for layer in engine.layout.layers:
         v = rng.standard_normal(layer.numel).astype(dtype)
-        engine.zero.set_layer_params(layer, v)
+        set_layer_params(engine.stage, layer, v)
         values.append(v)
     return engine, values
 
@@ -69,9 +70,9 @@ def test_round_trip_is_bitwise(tmp_path, stage, dtype):
     # and back into a fresh engine of another stage: the same parameters, bit for bit
     other, _ = make_engine(3 - stage, dtype, seed=99)
     for layer, got in loaded:
-        other.zero.set_layer_params(layer, got.astype(dtype))
+        set_layer_params(other.stage, layer, got.astype(dtype))
     for layer, want in zip(other.layout.layers, values):
-        full = other.zero.full_layer_params(layer)
+        full = full_layer_params(other.stage, layer)
         assert full.dtype == np.dtype(dtype)
         assert np.array_equal(full[:layer.numel].view(np.uint8), want.view(np.uint8))
 

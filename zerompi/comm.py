@@ -96,7 +96,6 @@ class Communicator:
         self.stages_through_host = self.device.is_gpu and not self.cuda_aware
         self.staging_full = self.staging_shard = None   # see reserve_staging
         self.host_staging = None                        # see reserve_host_staging
-        self.tracer = None            # a zerompi.trace.Tracer with --trace: each collective is a span
         self.check = self.watchdog = None                # see guard
 
     def guard(self, check_collectives=False, collective_timeout=0.0):
@@ -152,9 +151,8 @@ class Communicator:
         self._end()
         end = time.perf_counter()
         self.ledger.record(op, purpose, wire_buffer, self.size, end - start)
-        if self.tracer is not None:
-            self.tracer.span(f"{op} {purpose}", "comm", start, end, op=op, purpose=purpose,
-                             bytes=wire_buffer.nbytes)
+        for listener in self.ledger.listeners:
+            listener(op, purpose, wire_buffer.nbytes, start, end)
 
     def allreduce_sum(self, buf, purpose):
         """buf <- sum over ranks of buf, in place; 16-bit buffers are summed in reduce_dtype."""
@@ -298,7 +296,7 @@ class Communicator:
 
     def duplicate(self):
         """A Communicator on a duplicate of this MPI communicator (MPI_Comm_dup) that shares this
-        one's ledger and staging buffers: for the communication thread (zerompi/overlap.py), whose
+        one's ledger and staging buffers: for the communication thread (zerompi/overlap/thread.py), whose
         collectives must never interleave with this thread's on one communicator. The pinned host
         staging and the guards are its own: both threads may be in a collective at the same moment."""
         twin = copy.copy(self)

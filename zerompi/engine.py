@@ -1,19 +1,31 @@
-"""Assembling a run: layout, ledgers, the ZeRO stage and the MLP's activations, on one rank.
+"""Assembling a run: layout, ledgers, collectives, the ZeRO stage and the MLP's activations, on one rank.
 
-    layout  = Layout(sizes, N)              where each layer lives (zerompi/layout.py)
-    memory  = MemoryLedger(comm.device)     every buffer below is allocated through it, on the
-                                            communicator's device (NumPy or CuPy, zerompi/devices/device.py)
-    zero    = STAGES[stage](layout, ...)    parameters, gradients, Adam state, collectives
-    mlp     = MLP(layout, batch_rows, ...)  activation buffers for this rank's rows of a micro-batch
+    layout      = Layout(sizes, N)                 where each layer lives (zerompi/layout.py)
+    memory      = MemoryLedger(comm.device)        every buffer below is allocated through it, on
+                                                   the communicator's device (NumPy or CuPy)
+    staging     = the communicator's work buffers  sized for the largest reduction (below)
+    collectives = start_collectives(comm, overlap) at once, or on a communication thread
+    stage       = STAGES[k](layout, collectives, ...)  parameters, gradients, Adam state
+    mlp         = MLP(layout, batch_rows, ...)     activation buffers for this rank's rows
+
+Staging: the communicator reduces through float32 work buffers when it cannot reduce a buffer in
+place: 16-bit gradients (MPI has no bfloat16, zerompi/precision.py), a reduce-scatter that adds a
+micro-batch into the gradient shard (stages 2-3), and device memory (zerompi/comm.py). They hold
+the largest buffer reduced in one call: a gradient bucket in stage 0 (one all-reduce per bucket),
+one layer otherwise. On a GPU without CUDA-aware MPI, pinned host memory holds the largest
+collective (that, or the step's sums).
 """
 from dataclasses import dataclass
+
+import numpy as np
 
 from .comm import Communicator
 from .layout import Layout
 from .ledger import MemoryLedger
 from .model import MLP, init_layer_values
-from .overlap import OverlapConfig
+from .overlap import OverlapConfig, start_collectives
 from .stages import STAGES
+from .stages.base import ZeroStage
 
 
 @dataclass
@@ -21,13 +33,15 @@ class Engine:
     layout: Layout
     comm: Communicator
     memory: MemoryLedger
-    zero: object        # a Stage0 .. Stage3
+    stage: ZeroStage        # a Stage0 .. Stage3
     mlp: MLP
+    step_sums: object       # (layers + 2,) float64: each layer's gradient sum of squares, loss, correct
 
     def init_params(self, seed):
         """Every rank draws the same initial values, one layer at a time, and keeps what its stage keeps."""
+        from .checkpoint.params import set_layer_params
         for layer in self.layout.layers:
-            self.zero.set_layer_params(layer, init_layer_values(layer, seed))
+            set_layer_params(self.stage, layer, init_layer_values(layer, seed))
 
 
 def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None, micro_batches=1,
@@ -35,6 +49,14 @@ def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None, mi
     comm = comm if comm is not None else Communicator()
     layout = Layout(sizes, comm.size)
     memory = MemoryLedger(comm.device)
-    zero = STAGES[stage](layout, comm, memory, precision, adam_config, micro_batches, overlap)
+    buckets = layout.gradient_buckets(np.dtype(precision.storage).itemsize, overlap.bucket_mb)
+    largest = (max(sum(layer.padded for layer in bucket) for bucket in buckets) if stage == 0
+               else layout.max_layer_padded)                    # elements reduced in one call
+    if precision.mixed or (micro_batches > 1 and stage >= 2) or comm.device.is_gpu:
+        comm.reserve_staging(memory, largest, precision.compute)
+    step_sums = memory.alloc("work", "step_sums", (len(layout.layers) + 2,), np.float64)
+    comm.reserve_host_staging(memory, max(largest * precision.compute.itemsize, step_sums.nbytes))
+    collectives = start_collectives(comm, overlap)       # after the staging: its thread shares it
+    zero_stage = STAGES[stage](layout, collectives, memory, precision, adam_config, buckets=buckets)
     mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
-    return Engine(layout, comm, memory, zero, mlp)
+    return Engine(layout, comm, memory, zero_stage, mlp, step_sums)

@@ -87,6 +87,22 @@ class Layout:
         lo, hi = layer.owned_range(rank)
         return slice(layer.full_offset + lo, layer.full_offset + hi)
 
+    def gradient_buckets(self, itemsize, bucket_mb):
+        """Gradient buckets: consecutive layers in backward order (last layer first), grouped so
+        that each bucket but the last holds at least bucket_mb MB of gradients of itemsize bytes:
+        [[layer 3, layer 2], [layer 1, layer 0]], ... (stages 0-1 start reducing a bucket as soon
+        as backward has produced its last layer)."""
+        buckets, current, current_bytes = [], [], 0
+        for layer in reversed(self.layers):
+            current.append(layer)
+            current_bytes += layer.padded * itemsize
+            if current_bytes >= bucket_mb * 1e6:
+                buckets.append(current)
+                current, current_bytes = [], 0
+        if current:
+            buckets.append(current)
+        return buckets
+
     @staticmethod
     def tensor_names(layer):
         """Names of the layer's tensors in consolidated weight files."""

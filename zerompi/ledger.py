@@ -30,6 +30,9 @@ from collections import defaultdict
 from .devices.device import CPU
 
 MEMORY_KINDS = ("params", "grads", "optimizer", "work", "activations")
+# purposes of collectives: what their bytes are for (the report sums GRADS and PARAMS, the
+# training traffic that the formulas count)
+GRADS, PARAMS, METRICS, CONTROL, IO = "grads", "params", "metrics", "control", "io"
 RING_FACTOR = {"reduce_scatter": 1, "allgather": 1, "allreduce": 2}
 
 
@@ -69,6 +72,7 @@ class CommLedger:
         # (op, purpose) -> [calls, ring bytes, ring elements, seconds]
         self.entries = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
         self.lock = threading.Lock()
+        self.listeners = []        # callables (op, purpose, nbytes, start, end), e.g. the tracer
 
     def record(self, op, purpose, buffer, num_ranks, seconds):
         """Record one collective on `buffer` (the full-size side: n elements for all ranks)."""

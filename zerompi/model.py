@@ -38,7 +38,7 @@ numpy's generator seeded with (seed, layer index), so they do not depend on N or
 """
 import numpy as np
 
-from .layers import (LossScratch, gelu_backward, gelu_forward, linear_backward, linear_backward_gemm,
+from .layers import (LossScratch, softmax_cross_entropy, gelu_backward, gelu_forward, linear_backward, linear_backward_gemm,
                      linear_forward)
 
 
@@ -77,6 +77,12 @@ class MLP:
                            if precision.mixed and not self.gemm else None)
         self.grad_work = (alloc("work", "mlp.grad_work", (layout.max_layer_padded,), dtype)
                           if (precision.mixed or micro_batches > 1) and not self.gemm else None)
+
+    def loss(self, logits, labels, global_batch, loss_scale):
+        """Softmax cross-entropy (zerompi/layers.py) of logits (n, C), with d_logits written over them
+        in place; returns (2,) float64 (this rank's part of the mean loss, its correct count),
+        in the loss scratch."""
+        return softmax_cross_entropy(logits, labels, global_batch, logits, loss_scale, self.loss_scratch)
 
     def load_input(self, x):
         """Copy a batch x (n, sizes[0]) into the first input buffer; returns the view used."""

@@ -1,20 +1,20 @@
 """One training step, written out plainly: the whole algorithm on one screen.
 
-    for each micro-batch (K of them, --grad-accum):
-        for layer in layers:            zero.before_forward  -> forward  -> zero.after_forward
+    for each micro-batch (M of them, --grad-accum M):
+        for layer in layers:            stage.before_forward  -> forward  -> stage.after_forward
         loss, d_logits = softmax cross-entropy (divided by the GLOBAL batch, times the loss scale)
-        for layer in reversed(layers):  zero.before_backward -> backward -> zero.after_backward
-    zero.reduce_grads()                                   wait for the reductions backward started
+        for layer in reversed(layers):  stage.before_backward -> backward -> stage.after_backward
+    stage.reduce_grads()                                  wait for the reductions backward started
     one all-reduce of (each layer's sum of squares of its owned gradient, loss, correct):
         grad_norm = sqrt(sum over layers and ranks) / loss scale   every element counted once, on its owner
     if grad_norm or loss is not finite: skip the step     every rank sees the same sums: all agree,
         and the first layer whose sum is not finite names the layer (StepResult.bad_layer)
     clip = min(1, max_norm / grad_norm)
-    zero.update(lr, clip / loss_scale); zero.gather_params()
+    stage.update(lr, clip / loss_scale); stage.gather_params()
 
-Each rank runs this on its own rows of each micro-batch; the stage object (zerompi/stages/)
-decides where parameters and gradients live and which collectives run inside the hooks. With one
-rank every stage's collectives are copies, and the step is plain single-process AdamW.
+Each rank runs this on its own rows of each micro-batch; the stage (zerompi/stages/) decides where
+parameters and gradients live and which collectives run inside the hooks. With one rank every
+stage's collectives are copies, and the step is plain single-process AdamW.
 """
 import math
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .devices.device import array_module, to_numpy
-from .layers import softmax_cross_entropy
+from .ledger import METRICS
 from .precision import is_16bit
 
 
@@ -33,60 +33,52 @@ class StepResult:
     grad_norm: float     # global L2 norm of the unscaled gradient, before clipping
     applied: bool        # False: the gradient or the loss was not finite, nothing was updated
     bad_layer: int = -1  # not applied: the first layer whose gradient is not finite (-1: none is)
-    local_loss_finite: bool = True   # this rank's part of the loss (for naming the rank, train.py)
+    local_loss_finite: bool = True   # this rank's part of the loss (for naming the rank, zerompi/train/run.py)
 
 
-def forward(zero, mlp, x):
-    """x (n, sizes[0]) -> logits (n, sizes[-1]), a view into mlp's buffers."""
+def forward(engine, x):
+    """x (n, sizes[0]) -> logits (n, sizes[-1]), a view into the MLP's buffers."""
+    stage, mlp = engine.stage, engine.mlp
     h = mlp.load_input(x)
-    tracer = zero.comm.tracer                      # None unless --trace (zerompi/observe/trace.py)
     for layer in mlp.layers:
-        weight, bias = zero.before_forward(layer)
-        start = tracer and tracer.now()
+        weight, bias = stage.before_forward(layer)
         h = mlp.forward_layer(layer, h, weight, bias)
-        if tracer:
-            tracer.span(f"forward {layer.index}", "compute", start, layer=layer.index)
-        zero.after_forward(layer)
+        stage.after_forward(layer)
     return h
 
 
-def forward_backward(zero, mlp, x, labels, global_batch, loss_scale):
+def forward_backward(engine, x, labels, global_batch, loss_scale):
     """One micro-batch on this rank's rows x (n, sizes[0]), labels (n,): gradients into the stage's
     buffers. Returns (2,) float64 (this rank's part of the mean loss, its correct predictions),
     in the MLP's loss scratch (overwritten by the next micro-batch)."""
-    tracer = zero.comm.tracer
-    logits = forward(zero, mlp, x)
-    start = tracer and tracer.now()
-    totals = softmax_cross_entropy(logits, labels, global_batch, logits, loss_scale, mlp.loss_scratch)
-    if tracer:
-        tracer.span("loss", "compute", start)
-    d_h = logits                                   # now d_logits, in place
+    stage, mlp = engine.stage, engine.mlp
+    logits = forward(engine, x)
+    totals = mlp.loss(logits, labels, global_batch, loss_scale)   # d_logits written over the logits
+    d_h = logits
     for layer in reversed(mlp.layers):
-        weight, bias, dweight, dbias, accumulate = zero.before_backward(layer)
-        start = tracer and tracer.now()
-        d_h = mlp.backward_layer(layer, d_h, weight, bias, dweight, dbias, accumulate)
-        if tracer:
-            tracer.span(f"backward {layer.index}", "compute", start, layer=layer.index)
-        zero.after_backward(layer)
+        b = stage.before_backward(layer)
+        d_h = mlp.backward_layer(layer, d_h, b.weight, b.bias, b.dweight, b.dbias, b.accumulate)
+        stage.after_backward(layer)
     return totals
 
 
-def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_grad_norm=0.0):
+def train_step(engine, micro_batches, global_batch, lr, loss_scale=1.0, max_grad_norm=0.0):
     """One optimizer step over micro_batches [(x, labels), ...] (this rank's rows of each)."""
+    stage, mlp = engine.stage, engine.mlp
     step_totals = mlp.step_totals       # (2,) this rank's (loss part, correct), where the arrays live:
     step_totals[...] = 0                # on a GPU nothing waits for them
     with np.errstate(over="ignore", invalid="ignore"):   # an inf/NaN is detected below, not warned about
         micro_batches = list(micro_batches)
         for k, (x, labels) in enumerate(micro_batches):
-            zero.start_micro_batch(first=k == 0, last=k == len(micro_batches) - 1)
-            step_totals += forward_backward(zero, mlp, x, labels, global_batch, loss_scale)
-        zero.reduce_grads()
+            stage.start_micro_batch(first=k == 0, last=k == len(micro_batches) - 1)
+            step_totals += forward_backward(engine, x, labels, global_batch, loss_scale)
+        stage.reduce_grads()
         # (layers + 2,): each layer's owned sum of squares, then this rank's loss and correct count
-        sums = zero.step_sums                            # preallocated, float64, where the arrays live
-        for u, grad in enumerate(zero.grad_partition()):
+        sums = engine.step_sums                          # preallocated, float64, where the arrays live
+        for u, grad in enumerate(stage.grad_partition()):
             sums[u] = sum_of_squares(grad, mlp)
         sums[-2:] = step_totals
-    zero.comm.allreduce_sum(sums, "metrics")
+    engine.comm.allreduce_sum(sums, METRICS)
     host_sums = to_numpy(sums)                           # the step's one read from a GPU
     layer_squares = host_sums[:-2]
     grad_norm = math.sqrt(layer_squares.sum()) / loss_scale
@@ -97,8 +89,8 @@ def train_step(zero, mlp, micro_batches, global_batch, lr, loss_scale=1.0, max_g
         result.local_loss_finite = math.isfinite(float(to_numpy(step_totals)[0]))
         return result                              # skipped on every rank alike
     clip = min(1.0, max_grad_norm / (grad_norm + 1e-6)) if max_grad_norm > 0 else 1.0
-    zero.update(lr, grad_multiplier=clip / loss_scale)
-    zero.gather_params()
+    stage.update(lr, grad_multiplier=clip / loss_scale)
+    stage.gather_params()
     result.applied = True
     return result
 
@@ -118,14 +110,14 @@ def sum_of_squares(a, mlp):
     return np.dot(a, a).astype(np.float64)
 
 
-def count_correct(zero, mlp, x, labels, batch_rows, num_chunks):
+def count_correct(engine, x, labels, batch_rows, num_chunks):
     """Correct predictions on this rank's rows, forward only, in num_chunks chunks of at most
     batch_rows rows. num_chunks must be the same on every rank: in stage 3 each forward is
     collective, so a rank with fewer rows runs empty chunks."""
     correct = 0
     for c in range(num_chunks):
         rows = slice(c * batch_rows, (c + 1) * batch_rows)
-        logits = forward(zero, mlp, x[rows])
+        logits = forward(engine, x[rows])
         xp = array_module(logits)
         correct += int(xp.count_nonzero(xp.argmax(logits, axis=1) == labels[rows]))
     return correct

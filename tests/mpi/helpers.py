@@ -3,6 +3,7 @@ import numpy as np
 
 from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
+from zerompi.checkpoint.params import full_layer_params
 from zerompi.engine import build_engine
 from zerompi.overlap import OverlapConfig
 from zerompi.precision import precision_for
@@ -30,13 +31,13 @@ def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro
 def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.0):
     """Train on this rank's rows of each global batch, cut into micro_batches as zerompi.train
     does; returns [StepResult, ...]."""
-    comm, compute = engine.comm, engine.zero.precision.compute
+    comm, compute = engine.comm, engine.stage.precision.compute
     results = []
     for x, labels in batches:
         rows = x.shape[0] // (comm.size * micro_batches)
         x = x.astype(compute).reshape(micro_batches, comm.size, rows, -1)[:, comm.rank]
         labels = labels.reshape(micro_batches, comm.size, rows)[:, comm.rank]
-        results.append(train_step(engine.zero, engine.mlp, list(zip(x, labels)), micro_batches * comm.size * rows,
+        results.append(train_step(engine, list(zip(x, labels)), micro_batches * comm.size * rows,
                                   LR, loss_scale, max_grad_norm))
     return results
 
@@ -53,6 +54,6 @@ def consolidated(engine):
     """[(weight, bias), ...] full copies in float64 (collective in stage 3)."""
     layers = []
     for layer in engine.layout.layers:
-        weight, bias = layer.views(engine.zero.full_layer_params(layer))
+        weight, bias = layer.views(full_layer_params(engine.stage, layer))
         layers.append((weight.astype(np.float64), bias.astype(np.float64)))
     return layers

@@ -73,7 +73,7 @@ def test_resharded_resume_matches_the_uninterrupted_run(stage_src, shared_folder
                 continue
             engine = make_engine(stage_dst, SIZES, np.float64, comm, BATCH)
             state = load_checkpoint(engine, latest_checkpoint(save_dir))
-            assert state["step"] == STEPS_BEFORE and engine.zero.adam.t == STEPS_BEFORE
+            assert state["step"] == STEPS_BEFORE and engine.stage.adam.t == STEPS_BEFORE
             run_steps(engine, batches[STEPS_BEFORE:])
             got = consolidated(engine)
             for (w, b), (w_ref, b_ref) in zip(got, want):

@@ -11,7 +11,8 @@ import pytest
 
 from zerompi.observe.collective_check import MISMATCH
 from zerompi.comm import Communicator
-from zerompi.overlap import CommQueue
+from zerompi.ledger import GRADS
+from zerompi.overlap.thread import ThreadedCollectives
 
 THIS_FILE = "tests/mpi/test_collective_check.py"
 
@@ -86,15 +87,15 @@ def test_ranks_calling_different_collectives_stop(capsys):
 def test_a_mismatch_on_the_communication_thread_stops_the_same_way(capsys):
     """--overlap on: the check runs on the thread, names the line that submitted the call, and
     the main thread exits with the same status (not an error of the thread)."""
-    queue = CommQueue(checked_comm(), overlap=True)
+    collectives = ThreadedCollectives(checked_comm())
     with pytest.raises(SystemExit) as stopped:
-        if queue.comm.rank == 0:
-            queue.wait(queue.submit("allreduce_sum", np.zeros(10), "grads"))  # rank 0's queued call
+        if collectives.rank == 0:
+            collectives.allreduce(np.zeros(10), GRADS).wait()  # rank 0's queued call
         else:
-            queue.wait(queue.submit("allreduce_sum", np.zeros(12), "grads"))  # the others' queued call
+            collectives.allreduce(np.zeros(12), GRADS).wait()  # the others' queued call
     assert stopped.value.code == MISMATCH
     err = capsys.readouterr().err
-    if queue.comm.rank == 0:
+    if collectives.rank == 0:
         site_0, site_others = line_of("rank 0's queued call"), line_of("the others' queued call")
         assert err.count("zerompi: error:") == 1, err
         assert f"at {THIS_FILE}:{site_0}" in err and f"at {THIS_FILE}:{site_others}" in err, err

@@ -54,8 +54,9 @@ def test_staged_collectives_match_the_cpu_bitwise(stage, dtype, k):
     assert_same(weights, cpu_weights)
     assert [r.loss for r in results] == [r.loss for r in cpu_results]
     assert engine.comm.stages_through_host and engine.comm.host_staging is not None
-    largest = engine.zero.largest_reduction() * engine.zero.precision.compute.itemsize   # stage 0: a bucket
-    assert device.pinned == [max(largest, engine.zero.step_sums.nbytes)]
+    buckets = engine.stage.buckets if stage == 0 else [[layer] for layer in engine.layout.layers]
+    largest = max(sum(layer.padded for layer in b) for b in buckets) * engine.stage.precision.compute.itemsize
+    assert device.pinned == [max(largest, engine.step_sums.nbytes)]      # stage 0: a bucket, else a layer
     assert ("work", "comm.host_staging (pinned host)") in [(k_, n) for k_, n, *_ in engine.memory.buffers]
     calls = device_collectives(engine)
     assert device.to_host >= calls and device.from_host >= calls   # each went through the host

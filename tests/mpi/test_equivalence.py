@@ -108,7 +108,7 @@ def test_float32_equals_single_process_adamw(stage, sizes):
 def test_mixed_precision_equals_single_process_mixed_adamw(stage, sizes, dtype):
     batches = make_batches(sizes, STEPS)
     engine = assert_mixed_run_matches_reference(stage, sizes, dtype, batches)
-    assert engine.zero.param_shard.dtype == dtype if stage == 3 else engine.zero.param_full.dtype == dtype
+    assert engine.stage.param_shard.dtype == dtype if stage == 3 else engine.stage.param_full.dtype == dtype
 
 
 @pytest.mark.mpi
@@ -127,8 +127,9 @@ def test_fp16_loss_scaling_unscales_exactly(stage):
     assert results[0].grad_norm == pytest.approx(global_norm(grads), rel=1e-2)
     for layer, (dw, db) in zip(engine.layout.layers, grads):
         flat = np.concatenate([dw.ravel(), db.ravel(), np.zeros(layer.padded - layer.numel, np.float32)])
-        _, _, state, (lo, hi) = engine.zero.owned(layer)
-        np.testing.assert_allclose(engine.zero.adam.m[state], 0.1 * flat[lo:hi], rtol=2e-2, atol=1e-6)
+        owned = engine.stage.owned(layer)
+        state, (lo, hi) = owned.state, owned.range
+        np.testing.assert_allclose(engine.stage.adam.m[state], 0.1 * flat[lo:hi], rtol=2e-2, atol=1e-6)
 
 
 @pytest.mark.mpi
@@ -198,7 +199,7 @@ def test_fp16_overflow_skips_the_step_on_every_rank(stage):
     sizes = SIZES[0]
     engine, results = train_zero(stage, sizes, np.float16, make_batches(sizes, 1), loss_scale=2.0 ** 40)
     assert not results[0].applied
-    assert engine.zero.adam.t == 0                             # Adam's step count did not advance
+    assert engine.stage.adam.t == 0                             # Adam's step count did not advance
     for (w, b), (w0, b0) in zip(consolidated(engine), initial_weights(sizes, 0, np.float16)):
         assert np.array_equal(w, w0.astype(np.float64)) and np.array_equal(b, b0.astype(np.float64))
     flags = np.array([results[0].applied], dtype=np.int64)
@@ -236,11 +237,11 @@ def test_padding_stays_zero():
     sizes = SIZES[0]
     for stage in (0, 1, 2, 3):
         engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, STEPS))
-        zero = engine.zero
+        stage_ = engine.stage
         for layer in engine.layout.layers:
             if stage <= 2:
-                full = zero.param_full[engine.layout.full_slice(layer)]
+                full = stage_.param_full[engine.layout.full_slice(layer)]
                 assert np.all(full[layer.numel:] == 0)
-            _, grad, state, (lo, hi) = zero.owned(layer)
+            _, grad, state, (lo, hi) = stage_.owned(layer)
             real = max(0, min(hi, layer.numel) - lo)          # owned elements before the padding
-            assert np.all(grad[real:] == 0) and np.all(zero.adam.m[state][real:] == 0)
+            assert np.all(grad[real:] == 0) and np.all(stage_.adam.m[state][real:] == 0)

@@ -1,5 +1,5 @@
 """Overlap on computes exactly what overlap off computes: bitwise, for every stage, dtype, bucket
-size, prefetch depth and gradient accumulation (zerompi/overlap.py).
+size, prefetch depth and gradient accumulation (zerompi/overlap/).
 
 The same collectives run on the same buffers either way, so any difference is a race: a buffer read
 before its collective finished, or reused while one still reads it. To make such a race show up
@@ -20,6 +20,7 @@ from mpi4py import MPI
 from helpers import consolidated, make_batches, make_engine, run_steps
 from zerompi.comm import Communicator
 from zerompi.overlap import OverlapConfig
+from zerompi.overlap.thread import ThreadedCollectives
 from zerompi.step import count_correct
 
 SIZES = [13, 37, 53, 19, 7]      # 4 layers, none divisible by N: padding in every shard
@@ -56,10 +57,10 @@ def train(stage, dtype, micro_batches, overlap):
     x, labels = batches[0]
     rows = GLOBAL_BATCH // comm.size                   # this rank's rows, evaluated in micro-batches
     mine = slice(comm.rank * rows, (comm.rank + 1) * rows)
-    correct = count_correct(engine.zero, engine.mlp, x[mine].astype(engine.zero.precision.compute),
+    correct = count_correct(engine, x[mine].astype(engine.stage.precision.compute),
                             labels[mine], rows // micro_batches, micro_batches)
     results += run_steps(engine, batches[2:], micro_batches, max_grad_norm=0.5)
-    state = [a.copy() for a in (engine.zero.adam.m, engine.zero.adam.v, engine.zero.adam.master)
+    state = [a.copy() for a in (engine.stage.adam.m, engine.stage.adam.v, engine.stage.adam.master)
              if a is not None]
     return engine, results, correct, consolidated(engine), state
 
@@ -81,7 +82,8 @@ def test_overlap_on_is_bitwise_overlap_off(stage, dtype, bucket_mb, micro_batche
         assert np.array_equal(w_on, w_off) and np.array_equal(b_on, b_off)
     for a_on, a_off in zip(state_on, state_off):
         assert np.array_equal(a_on, a_off)
-    assert engine_on.zero.queue.overlap and engine_on.zero.queue.finished == engine_on.zero.queue.submitted
+    collectives = engine_on.stage.collectives
+    assert isinstance(collectives, ThreadedCollectives) and collectives.finished == collectives.started
 
 
 @pytest.mark.mpi
@@ -94,5 +96,5 @@ def test_overlap_buffers_are_ledgered_as_work(stage):
         return sorted(name for kind, name, *_ in engine.memory.buffers if kind == "work")
     off = work_names(OverlapConfig(enabled=False))
     on = work_names(OverlapConfig(enabled=True, prefetch=2))
-    extra = ["grad_bucket.2"] + (["param_gather.2", "param_gather.3"] if stage == 3 else [])
+    extra = ["layer_grad.2"] + (["param_gather.2", "param_gather.3"] if stage == 3 else [])
     assert sorted(set(on) - set(off)) == extra and set(off) <= set(on)

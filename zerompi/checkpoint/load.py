@@ -1,7 +1,7 @@
 """Loading a checkpoint into any N and any stage: each rank reads only the ranges it will hold.
 
 For each layer, a rank holds some range of the parameters and some range of the optimizer state
-(zerompi/stages: `held_params` and `owned`): stage 0 everything, stages 1-2 all parameters but
+(`held_params` and `owned`, zerompi/checkpoint/params.py): stage 0 everything, stages 1-2 all parameters but
 only the owned range of the state, stage 3 only the owned range of both. CheckpointReader fetches
 exactly those elements from the files of the writer ranks that owned them (checking the CRC of
 every block it touches), so resharding needs no offline step and no rank ever holds more than
@@ -15,6 +15,7 @@ saved and converted to this run's state dtype. Adam's step count and the trainin
 from the manifest.
 """
 
+from .params import held_params
 from .files import CheckpointError, CheckpointReader
 
 TRAINING_STATE = ("step", "loss_scale", "loss_scale_good_steps", "seed", "shuffle", "batch_size", "dtype")
@@ -25,23 +26,24 @@ def load_checkpoint(engine, folder):
     training state (step, loss scale, data order). Raises CheckpointError. Not collective."""
     reader = CheckpointReader(folder)
     manifest = reader.manifest
-    layout, zero = engine.layout, engine.zero
+    layout, stage = engine.layout, engine.stage
     if manifest["sizes"] != layout.sizes:
         raise CheckpointError(f"{folder}: a checkpoint of an MLP with sizes {manifest['sizes']}, but this "
                               f"run builds {layout.sizes}")
     best = "master" if "master" in reader.kinds else "params"
-    param_source = "params" if reader.kinds["params"] == zero.precision.storage else best
-    optimizer_arrays = [("m", zero.adam.m), ("v", zero.adam.v)]
-    if zero.adam.master is not None:
-        optimizer_arrays.append((best, zero.adam.master))
+    param_source = "params" if reader.kinds["params"] == stage.precision.storage else best
+    optimizer_arrays = [("m", stage.adam.m), ("v", stage.adam.v)]
+    if stage.adam.master is not None:
+        optimizer_arrays.append((best, stage.adam.master))
     to_device = engine.memory.device.from_numpy      # read on the host, copied to a GPU
     for layer in layout.layers:
-        held, (lo, hi) = zero.held_params(layer)
+        held, (lo, hi) = held_params(stage, layer)
         held[...] = to_device(reader.read_range(layer.index, param_source, lo, hi, reader.kinds[param_source]))
-        _, _, state, (lo, hi) = zero.owned(layer)
+        owned = stage.owned(layer)
+        state, (lo, hi) = owned.state, owned.range
         for kind, array in optimizer_arrays:
             array[state] = to_device(reader.read_range(layer.index, kind, lo, hi, reader.kinds[kind]))
-    zero.adam.t = int(manifest["adam_steps"])
+    stage.adam.t = int(manifest["adam_steps"])
     state = {key: manifest[key] for key in TRAINING_STATE}
     state["run"] = manifest.get("run", {})        # the settings of the run that wrote it
     return state

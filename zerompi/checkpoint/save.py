@@ -29,6 +29,7 @@ import numpy as np
 
 from .atomic import fsync_folder
 from ..devices.device import to_numpy
+from .params import held_params
 from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, on_disk, shard_file_name,
                     step_folder_name, write_text_atomically)
 
@@ -36,23 +37,24 @@ KILL_DURING_SAVE = "ZEROMPI_KILL_DURING_SAVE"   # fault injection for tests: "ra
                                                 # rank after its first shard file of that step's save
 
 
-def state_kinds(zero):
+def state_kinds(stage):
     """The kinds of state a checkpoint of this stage holds, with their dtypes."""
-    kinds = {"params": zero.precision.storage}
-    if zero.adam.master is not None:
-        kinds["master"] = zero.precision.compute
-    kinds["m"] = kinds["v"] = zero.precision.compute
+    kinds = {"params": stage.precision.storage}
+    if stage.adam.master is not None:
+        kinds["master"] = stage.precision.compute
+    kinds["m"] = kinds["v"] = stage.precision.compute
     return kinds
 
 
-def owned_segment(zero, kind, layer, rank):
+def owned_segment(stage, kind, layer, rank):
     """Rank's owned range of the layer (shard_size elements) for one kind of state: a view."""
     a, b = layer.owned_range(rank)
     if kind == "params":
-        held, (lo, _) = zero.held_params(layer)
+        held, (lo, _) = held_params(stage, layer)
         return held[a - lo:b - lo]
-    _, _, state, (lo, _) = zero.owned(layer)
-    array = {"master": zero.adam.master, "m": zero.adam.m, "v": zero.adam.v}[kind]
+    owned = stage.owned(layer)
+    state, (lo, _) = owned.state, owned.range
+    array = {"master": stage.adam.master, "m": stage.adam.m, "v": stage.adam.v}[kind]
     return array[state][a - lo:b - lo]
 
 
@@ -87,7 +89,7 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     None, the published folder's name on rank 0 or None). Every rank returns at the same point;
     pass the error to comm.check_all. training_state["parent"] names the checkpoint (in save_dir)
     this run continued from, for rotation."""
-    comm, zero, layout = engine.comm, engine.zero, engine.layout
+    comm, stage, layout = engine.comm, engine.stage, engine.layout
     name = step_folder_name(training_state["step"])
     partial = os.path.join(save_dir, ".partial-" + name)
     error = None
@@ -101,13 +103,13 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     if comm.any_failed(error):
         return error, None
 
-    kinds = state_kinds(zero)
+    kinds = state_kinds(stage)
     max_blocks = max(-(-layout.shard_numel * dtype.itemsize // BLOCK_BYTES) for dtype in kinds.values())
     crcs = np.full((len(kinds), max_blocks), -1, dtype=np.int64)       # this rank's files, padded with -1
     offsets = np.zeros(len(kinds), dtype=np.int64)
     try:
         for i, (kind, dtype) in enumerate(kinds.items()):
-            segments = [owned_segment(zero, kind, layer, comm.rank) for layer in layout.layers]
+            segments = [owned_segment(stage, kind, layer, comm.rank) for layer in layout.layers]
             path = os.path.join(partial, shard_file_name(comm.rank, kind))
             offsets[i], _, file_crcs = write_shard_file(path, dtype, segments)
             crcs[i, :len(file_crcs)] = file_crcs
@@ -136,7 +138,7 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
 
 
 def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
-    layout, zero = engine.layout, engine.zero
+    layout, stage = engine.layout, engine.stage
     files = []
     for rank in range(engine.comm.size):
         for i, (kind, dtype) in enumerate(kinds.items()):
@@ -147,8 +149,8 @@ def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
                           "crc32": [int(c) for c in all_crcs[rank, i, :blocks]]})
     manifest = {
         "format": FORMAT, "version": VERSION,
-        **training_state, "adam_steps": zero.adam.t,
-        "stage": zero.stage, "ranks": engine.comm.size, "dtype": zero.precision.name,
+        **training_state, "adam_steps": stage.adam.t,
+        "stage": stage.stage, "ranks": engine.comm.size, "dtype": stage.precision.name,
         "sizes": layout.sizes,
         "units": [{"names": list(layout.tensor_names(u)),
                    "shapes": [[u.out_features, u.in_features], [u.out_features]],

@@ -19,6 +19,7 @@ from ..devices.device import to_numpy
 from .weights import WeightsError, read_weights
 from .files import CheckpointError, latest_checkpoint
 from .load import load_checkpoint
+from .params import held_params, set_layer_params
 from .save import save_checkpoint
 
 PREEMPTED = 4          # exit status after a signal: the checkpoint is written; rerun with --resume
@@ -37,7 +38,7 @@ def start_from(engine, cfg, scaler):
             error = _data_order_mismatch(state, cfg, folder)
         elif cfg.init_weights:
             for layer, values in read_weights(cfg.init_weights, engine.layout):
-                engine.zero.set_layer_params(layer, values)
+                set_layer_params(engine.stage, layer, values)
         else:
             engine.init_params(cfg.seed)
     except (CheckpointError, WeightsError) as e:
@@ -79,10 +80,10 @@ def _run_settings(cfg):
 def _unrepresentable(engine, source):
     """An error if the starting weights do not fit the storage dtype (fp16 ends at 65504)."""
     for layer in engine.layout.layers:
-        held, _ = engine.zero.held_params(layer)
+        held, _ = held_params(engine.stage, layer)
         if not np.all(np.isfinite(to_numpy(held))):
             return (f"{source or 'the initial weights'}: layer {layer.index} has values beyond the range of "
-                    f"{engine.zero.precision.name} (float16 ends at 65504): train in bf16 or float32")
+                    f"{engine.stage.precision.name} (float16 ends at 65504): train in bf16 or float32")
     return None
 
 

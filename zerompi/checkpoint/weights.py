@@ -27,6 +27,7 @@ from .atomic import atomic_file
 from ..devices.device import to_numpy
 from ..precision import BF16
 
+from .params import full_layer_params
 from .safetensors_io import SafetensorsError, read_header, read_tensor
 
 
@@ -59,7 +60,7 @@ def consolidated_tensors(engine):
     """(name, tensor) of every tensor, one layer at a time. Collective in stage 3 (each layer is
     all-gathered): every rank must run it to the end."""
     for layer in engine.layout.layers:
-        full = engine.zero.full_layer_params(layer)
+        full = full_layer_params(engine.stage, layer)
         yield from zip(engine.layout.tensor_names(layer), layer.views(to_numpy(full)))   # from a GPU: a copy
 
 

@@ -1,7 +1,8 @@
-"""The four ZeRO stages, to be read in order: stage0.py -> stage1.py -> stage2.py -> stage3.py.
+"""The four ZeRO stages, to be read in order: base.py, then stage0.py -> stage1.py -> stage2.py -> stage3.py.
 
-Each stage is a small class that fills in the same hooks of the training step (see
-zerompi/step.py) and differs from the one before in one thing it partitions:
+Each stage derives from ZeroStage (base.py) and writes out the same hooks of the training step
+(zerompi/step.py); each differs from the one before in one thing it partitions
+(docs/stage-diffs.md shows the differences line by line):
 
     stage   persistent per rank (elements)          collectives per step
     0       params Psi, grads Psi, Adam 2 Psi       all-reduce grads

@@ -1,152 +1,117 @@
-"""What every stage shares: the hooks of the training step, and the optimizer step built on them.
+"""What every stage shares: the hooks the training step calls, and the mechanics they are built from.
 
-The training step (zerompi/step.py) calls, per micro-batch and per layer (one linear layer):
+The training step (zerompi/step.py) calls, per micro-batch and per layer:
 
-    zero.start_micro_batch(first, last)
-    weight, bias = zero.before_forward(layer)          ...forward...    zero.after_forward(layer)
-    weight, bias, dweight, dbias, accumulate = zero.before_backward(layer)
-                                                      ...backward...   zero.after_backward(layer)
+    stage.start_micro_batch(first, last)
+    weight, bias = stage.before_forward(layer)       ...forward...     stage.after_forward(layer)
+    b = stage.before_backward(layer)                 ...backward into b.dweight, b.dbias...
+                                                                        stage.after_backward(layer)
 
 and then, once per optimizer step:
 
-    zero.reduce_grads()         wait for the gradient reductions that backward started
-    zero.grad_partition()       the reduced gradient, each element on exactly one rank (global norm)
-    zero.update(lr, multiplier) Adam on what this rank owns
-    zero.gather_params()        bring every rank's updated parameters to all ranks (stages 1-2)
+    stage.reduce_grads()          wait for the gradient reductions that backward started
+    stage.grad_partition()        the reduced gradient, each element on exactly one rank (global norm)
+    stage.update(lr, multiplier)  AdamW on what this rank owns
+    stage.gather_params()         bring every rank's updated parameters to all ranks (stages 1-2)
 
-A stage decides where those arrays live and which collectives run when. The heart of each stage
-is `owned(layer)`: which part of a layer this rank updates, and where its gradient and Adam state are.
+Each stage (stage0.py .. stage3.py) derives from ZeroStage directly and writes out all of those
+hooks in its own file: which buffers are full or sharded, which collective runs in which hook.
+Read them in order; each differs from the one before in one thing it partitions. What they share
+is here, called by name: the owned range (`Owned`), Adam over the owned ranges, one-layer work
+buffers and the ring that reuses them.
 
-Each stage is a small step from the one before and is written as one: Stage1 extends Stage0,
-Stage2 extends Stage1, Stage3 extends Stage2, each overriding only what changes. Every stage's
-constructor lists all the buffers that stage holds (so it calls ZeroStage.__init__, not its
-parent's constructor, which would allocate the parent's buffers).
-
-Collectives go through `self.queue` (zerompi/overlap.py): with overlap on they run on a
-communication thread while the main thread computes, and a stage waits for a call's ticket before
-it reads or reuses the call's buffers. Anything that reads or writes the parameters from outside
-the step (checkpoints, weight files) first finishes all communication in flight.
-
-Stages 0, 1 and 2 keep the full parameters on every rank, in one flat buffer `param_full`
-(Psi_pad elements, see zerompi/layout.py); the methods below serve them. Stage 3 keeps only its
-shard and overrides them.
+The heart of each stage is `owned(layer)`: which part of a layer this rank updates, and where its
+gradient and Adam state are. Collectives go through `self.collectives` (zerompi/collectives.py):
+each returns a request, and a stage waits for it before it reads or reuses the call's buffers
+(with overlap off every request is already complete).
 """
-import numpy as np
+from typing import NamedTuple
 
-from ..overlap import CommQueue, OverlapConfig, gradient_buckets
+from ..collectives import DONE
+
+
+class Owned(NamedTuple):
+    """What this rank updates of one layer."""
+    param: object        # its parameters (hi - lo,), a view into the stage's parameter buffer
+    grad: object         # their reduced gradient (hi - lo,)
+    state: slice         # where their Adam state is in adam.m, adam.v (and adam.master)
+    range: tuple         # (lo, hi): which elements of the layer's padded buffer they are
+
+
+class Backward(NamedTuple):
+    """What a layer's backward reads and writes (zerompi/model.py)."""
+    weight: object       # (O, I)
+    bias: object         # (O,)
+    dweight: object      # (O, I) written, or added to when accumulate
+    dbias: object        # (O,)
+    accumulate: bool     # add to dweight, dbias (later micro-batches of stages 0-1)
 
 
 class ZeroStage:
     stage = None
+    param_full = None    # stages 0-2: the full parameters (Psi_pad,); stage 3 holds only its shard
 
-    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1,
-                 overlap=OverlapConfig()):
-        self.layout = layout          # where every layer lives in the flat buffers
-        self.comm = comm              # the ledgered communicator
-        self.memory = memory          # the memory ledger every buffer is allocated from
-        self.precision = precision    # storage dtype of params and grads, compute dtype
-        self.overlap = overlap        # communication thread on/off, bucket size, prefetch depth
+    def __init__(self, layout, collectives, memory, precision):
+        self.layout = layout              # where every layer lives in the flat buffers
+        self.collectives = collectives    # started collectives return requests
+        self.memory = memory              # the memory ledger every buffer is allocated from
+        self.precision = precision        # storage dtype of params and grads, compute dtype
+        self.rank = collectives.rank
         self.first_micro_batch = self.last_micro_batch = True
-        self.param_tickets = {}       # layer index -> ticket of the all-gather bringing its params
-        # stages 0-1: gradients handed to communication a bucket (consecutive layers) at a time
-        self.buckets = gradient_buckets(layout.layers, np.dtype(precision.storage).itemsize,
-                                        overlap.bucket_mb)
-        self.bucket_ending_at = {bucket[-1].index: bucket for bucket in self.buckets}
-        # the communicator needs staging to reduce 16-bit buffers, to add each micro-batch's
-        # reduce-scatter into the gradient shard (stages 2-3), and on a GPU (no in-place
-        # reduce-scatter on device memory, see comm.py); otherwise it reduces in place
-        if precision.mixed or (micro_batches > 1 and self.stage >= 2) or comm.device.is_gpu:
-            comm.reserve_staging(memory, self.largest_reduction(), precision.compute)
-        # the step's (each layer's gradient sum of squares, loss, correct), all-reduced together (train_step.py)
-        self.step_sums = memory.alloc("work", "step_sums", (len(layout.layers) + 2,), np.float64)
-        # every collective on training buffers moves at most the largest reduction (in the
-        # compute dtype), or the step's sums
-        comm.reserve_host_staging(memory, max(self.largest_reduction() * precision.compute.itemsize,
-                                              self.step_sums.nbytes))
-        self.queue = CommQueue(comm, overlap.enabled)    # after the staging: its thread shares it
 
-    def alloc_layer_buffers(self, name, count):
-        """count one-layer work buffers in the storage dtype, ledgered as name, name.2, name.3, ..."""
-        return [self.memory.alloc("work", name + ("" if i == 0 else f".{i + 1}"),
-                                  (self.layout.max_layer_padded,), self.precision.storage)
-                for i in range(count)]
-
-    def largest_reduction(self):
-        """Elements of the largest buffer reduced in one call: one layer (stage 0 overrides)."""
-        return self.layout.max_layer_padded
-
-    def finish_communication(self):
-        """Wait for every collective in flight (before the parameters are read or written from
-        outside the training step, and before Adam)."""
-        self.queue.wait_all()
-        self.param_tickets.clear()
-
-    # ---- parameters (replicated in stages 0-2)
-    def store_layer_params(self, layer, values):
-        """Write the layer's real elements, values (numel,), the same on every rank."""
-        self.finish_communication()
-        self.param_full[layer.full_offset:layer.full_offset + layer.numel] = values
-
-    def set_layer_params(self, layer, values):
-        """Initial or loaded parameters, values (numel,) float64, the same on every rank; in mixed
-        precision the fp32 master copy of the owned part too, and the 16-bit parameters rounded
-        from that master (so that params == round(master) always, as after every Adam step)."""
-        values = self.memory.device.from_numpy(values.astype(self.precision.compute))
-        self.store_layer_params(layer, values)
-        if self.adam.master is not None:
-            _, _, state, (lo, hi) = self.owned(layer)
-            owned_values = values[lo:hi]               # shorter than the shard where it reaches padding
-            self.adam.master[state][:owned_values.size] = owned_values
-
-    def held_params(self, layer):
-        """(the layer's parameters this rank holds, (lo, hi): which elements of the layer they are)."""
-        self.finish_communication()
-        return self.param_full[self.layout.full_slice(layer)], (0, layer.padded)
-
-    def full_layer_params(self, layer):
-        """The layer's full flat parameters (padded,). Collective in stage 3: call on every rank."""
-        self.finish_communication()
-        return self.param_full[self.layout.full_slice(layer)]
-
-    # ---- the hooks of forward and backward
     def start_micro_batch(self, first, last=True):
         """first: the step's first micro-batch overwrites gradients, later ones add to them;
         last: stages 0-1 reduce the gradients during the last micro-batch's backward."""
         self.first_micro_batch, self.last_micro_batch = first, last
 
-    def before_forward(self, layer):
-        self.queue.wait(self.param_tickets.pop(layer.index, None))   # its all-gather (stages 1-2)
-        return layer.views(self.param_full[self.layout.full_slice(layer)])
-
-    def params_for_backward(self, layer):
-        """(weight, bias) for the layer's backward: the same as its forward's (stage 3 overrides)."""
-        return self.before_forward(layer)
-
-    def after_forward(self, layer):
-        """Nothing to release by default."""
-
-    def after_backward(self, layer):
-        """Nothing to communicate by default."""
-
-    # ---- the optimizer step
-    def reduce_grads(self):
-        """Wait for the gradient reductions that backward started."""
-        self.queue.wait_all()
-
     def grad_partition(self):
         """The reduced gradient, each element on exactly one rank: what this rank owns."""
-        return [self.owned(layer)[1] for layer in self.layout.layers]
+        return [self.owned(layer).grad for layer in self.layout.layers]
 
-    def update(self, lr, grad_multiplier):
+    def adam_on_owned(self, lr, grad_multiplier):
+        """AdamW on every owned range: param -= f(grad, m, v), in place (zerompi/adam.py)."""
         self.finish_communication()
         self.adam.begin_step()
-        tracer = self.comm.tracer                 # None unless --trace (zerompi/observe/trace.py)
         for layer in self.layout.layers:
-            param, grad, state, _ = self.owned(layer)
-            start = tracer and tracer.now()
-            self.adam.update(param, grad, state, lr, grad_multiplier)
-            if tracer:
-                tracer.span(f"adam {layer.index}", "compute", start, layer=layer.index, elements=param.size)
+            owned = self.owned(layer)
+            self.adam.update(owned.param, owned.grad, owned.state, lr, grad_multiplier)
 
-    def gather_params(self):
-        """Nothing to gather by default."""
+    def finish_communication(self):
+        """Wait for every collective started (before the parameters are read or written from
+        outside the training step, and before Adam)."""
+        self.collectives.wait_all()
+
+    def layer_buffers(self, name, count):
+        """count one-layer work buffers (max padded layer,) in the storage dtype, ledgered as
+        name, name.2, name.3, ..."""
+        return [self.memory.alloc("work", name + ("" if i == 0 else f".{i + 1}"),
+                                  (self.layout.max_layer_padded,), self.precision.storage)
+                for i in range(count)]
+
+
+class LayerGradBuffers:
+    """Stages 2-3: the one-layer gradient buffers that backward writes, used in turn. Each
+    remembers the reduce-scatter that last read it, and is handed out again only when that is
+    done (one buffer with overlap off; two with overlap on, so that backward writes one while
+    the other is reduced)."""
+
+    def __init__(self, buffers):
+        self.buffers = buffers
+        self.requests = [DONE] * len(buffers)   # the collective that last read each buffer
+        self.current = 0                        # the buffer that the current layer's backward writes
+
+    def take(self, layer):
+        """The next buffer, (padded,) with its padding zero (whatever a larger layer left)."""
+        self.current = (self.current + 1) % len(self.buffers)
+        self.requests[self.current].wait()
+        grad = self.buffers[self.current][:layer.padded]
+        grad[layer.numel:] = 0
+        return grad
+
+    def written(self, layer):
+        """The buffer the layer's backward has just written (padded,)."""
+        return self.buffers[self.current][:layer.padded]
+
+    def hand_off(self, request):
+        """The collective that now reads the current buffer: wait for it before reusing it."""
+        self.requests[self.current] = request

@@ -17,7 +17,7 @@ all-reduce), and afterwards every rank's updated range must be sent to every oth
                -> per layer: all-gather params (in place: the owned range is already in position);
                   the next forward waits for each layer's all-gather just before using it
 
-With overlap on, the reduce-scatters run while backward continues on earlier layers, and the
+With --overlap, the reduce-scatters run while backward continues on earlier layers, and the
 all-gathers while the next forward runs on the layers already gathered. The shard layout is per
 layer, so a bucket of several layers is still one reduce-scatter per layer; the bucket only decides
 when they start.
@@ -30,44 +30,62 @@ What separates stage 1 from stage 2 is not the collective: here the full-size gr
 outlives backward (it is reduced only after all of backward); in stage 2 it does not exist.
 """
 from ..adam import AdamW
-from ..overlap import OverlapConfig
-from .base import ZeroStage
-from .stage0 import Stage0
+from ..collectives import DONE
+from ..ledger import GRADS, PARAMS
+from .base import Backward, Owned, ZeroStage
 
 
-class Stage1(Stage0):
-    """Stage 0 with the optimizer state for the owned ranges only."""
-
+class Stage1(ZeroStage):
     stage = 1
 
-    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1,
-                 overlap=OverlapConfig()):
-        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches, overlap)
+    def __init__(self, layout, collectives, memory, precision, adam_config, buckets):
+        super().__init__(layout, collectives, memory, precision)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
         self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)  # owned ranges only
+        self.buckets = buckets                     # gradient buckets (layout.gradient_buckets)
+        self.bucket_ending_at = {bucket[-1].index: bucket for bucket in buckets}
+        self.param_requests = [DONE] * len(layout.layers)   # each layer's all-gather after the step
 
     def owned(self, layer):
-        """This rank's range of the layer: its params, reduced grads, Adam state, (lo, hi)."""
-        rank = self.comm.rank
-        grad_shard = self.grad_full[self.layout.full_slice(layer)][:layer.shard_size]  # after reduce_grads
-        return (self.param_full[self.layout.owned_slice(layer, rank)], grad_shard,
-                self.layout.shard_slice(layer), layer.owned_range(rank))
+        """This rank's range of the layer; its reduced gradient sits at the front of the layer's
+        grad_full block (where the in-place reduce-scatter puts it)."""
+        grad_shard = self.grad_full[self.layout.full_slice(layer)][:layer.shard_size]
+        return Owned(self.param_full[self.layout.owned_slice(layer, self.rank)], grad_shard,
+                     self.layout.shard_slice(layer), layer.owned_range(self.rank))
 
-    # The owned ranges partition the model again (stage 0's every-rank-owns-all did not): the
-    # base class's grad_partition, the owned gradients, serves the global norm again.
-    grad_partition = ZeroStage.grad_partition
+    def before_forward(self, layer):
+        self.param_requests[layer.index].wait()          # its all-gather after the last step
+        return layer.views(self.param_full[self.layout.full_slice(layer)])
 
-    largest_reduction = ZeroStage.largest_reduction  # one layer per call again
+    def after_forward(self, layer):
+        """Nothing to release: every rank keeps all parameters."""
 
-    def reduce_bucket(self, bucket):
-        for layer in bucket:                              # g[owned] = sum_r g_r[owned]
-            grad = self.grad_full[self.layout.full_slice(layer)]
-            grad[layer.numel:] = 0                        # padding: the last in-place reduce left garbage there
-            self.queue.submit("reduce_scatter_sum_in_place", grad, "grads")
+    def before_backward(self, layer):
+        weight, bias = layer.views(self.param_full[self.layout.full_slice(layer)])
+        dweight, dbias = layer.views(self.grad_full[self.layout.full_slice(layer)])
+        return Backward(weight, bias, dweight, dbias, accumulate=not self.first_micro_batch)
+
+    def after_backward(self, layer):
+        """When backward has produced a bucket's last layer (in the last micro-batch): per layer
+        of the bucket, g[owned] = sum_r g_r[owned], one reduce-scatter in place."""
+        bucket = self.bucket_ending_at.get(layer.index)
+        if self.last_micro_batch and bucket is not None:
+            for each in bucket:
+                grad = self.grad_full[self.layout.full_slice(each)]
+                grad[each.numel:] = 0                    # padding: the last in-place reduce left garbage there
+                self.collectives.reduce_scatter_in_place(grad, GRADS)
+
+    def reduce_grads(self):
+        self.collectives.wait_all()
+
+    def update(self, lr, grad_multiplier):
+        self.adam_on_owned(lr, grad_multiplier)          # each rank updates its owned ranges
 
     def gather_params(self):
-        for layer in self.layout.layers:                   # p = concat_r p[owned by r]
-            self.param_tickets[layer.index] = self.queue.submit(
-                "allgather_in_place", self.param_full[self.layout.full_slice(layer)], "params")
+        """p = concat_r p[owned by r], per layer, in place: the owned range is already in position.
+        The next forward waits for each layer's all-gather just before using it."""
+        for layer in self.layout.layers:
+            self.param_requests[layer.index] = self.collectives.allgather_in_place(
+                self.param_full[self.layout.full_slice(layer)], PARAMS)

@@ -2,9 +2,9 @@
 
 Backward produces one layer's gradients at a time. Stage 2 reduce-scatters each layer's gradients
 as soon as backward has produced them, keeps only the owned, summed block, and reuses the same
-one-layer buffer (`grad_bucket`) for the next layer. A full-size gradient buffer never exists; with
+one-layer buffer (`layer_grads`) for the next layer. A full-size gradient buffer never exists; with
 several micro-batches per step, each one's reduced block is added into the gradient shard.
-With overlap on there are two one-layer buffers, used in turn: backward writes layer u-1's gradients
+With --overlap there are two one-layer buffers, used in turn: backward writes layer u-1's gradients
 into one while the communication thread reduce-scatters layer u's from the other (backward waits
 only if that reduce-scatter is still running when it needs the buffer again).
 
@@ -12,12 +12,12 @@ only if that reduce-scatter is still running when it needs the buffer again).
                params       [################]  Psi
                grads        [    ####        ]  Psi / N   (grad_shard: owned range of each layer)
                Adam         [    ####        ]  Psi / N
-               grad_bucket  [#####]              one layer, reused (ledgered as work memory;
-                                                 two of them with overlap on)
+               layer_grad   [#####]              one layer, reused (ledgered as work memory;
+                                                 two of them with --overlap)
 
     timeline:  forward
-               -> backward, last layer first: layer u's grads into grad_bucket
-                  -> reduce-scatter grad_bucket into grad_shard[u]   (then the bucket is free)
+               -> backward, last layer first: layer u's grads into layer_grad
+                  -> reduce-scatter layer_grad into grad_shard[u]   (then the buffer is free)
                -> Adam on the owned ranges
                -> per layer: all-gather params (in place)
 
@@ -26,47 +26,56 @@ gradients: the price of not keeping a full gradient between them); only its timi
 backward, where it overlaps with the backward of earlier layers.
 """
 from ..adam import AdamW
-from ..overlap import OverlapConfig
-from .base import ZeroStage
-from .stage1 import Stage1
+from ..collectives import DONE
+from ..ledger import GRADS, PARAMS
+from .base import Backward, LayerGradBuffers, Owned, ZeroStage
 
 
-class Stage2(Stage1):
-    """Stage 1 with the gradients reduce-scattered layer by layer during backward."""
-
+class Stage2(ZeroStage):
     stage = 2
 
-    def __init__(self, layout, comm, memory, precision, adam_config, micro_batches=1,
-                 overlap=OverlapConfig()):
-        ZeroStage.__init__(self, layout, comm, memory, precision, adam_config, micro_batches, overlap)
+    def __init__(self, layout, collectives, memory, precision, adam_config, buckets=None):
+        super().__init__(layout, collectives, memory, precision)  # (no buckets: one layer at a time)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
-        self.alloc_grad_buckets()
         self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)
-
-    def alloc_grad_buckets(self):
-        """One one-layer gradient buffer, two with overlap on (see the module docstring)."""
-        count = 2 if self.overlap.enabled else 1
-        self.grad_buckets = self.alloc_layer_buffers("grad_bucket", count)
-        self.bucket_tickets = [None] * count   # the reduce-scatter that last read each buffer
-        self.bucket_in_use = 0                 # the buffer that the current layer's backward writes
+        self.layer_grads = LayerGradBuffers(self.layer_buffers("layer_grad", collectives.buffers_in_flight))
+        self.param_requests = [DONE] * len(layout.layers)   # each layer's all-gather after the step
 
     def owned(self, layer):
-        rank, shard = self.comm.rank, self.layout.shard_slice(layer)
-        return (self.param_full[self.layout.owned_slice(layer, rank)], self.grad_shard[shard], shard,
-                layer.owned_range(rank))
+        shard = self.layout.shard_slice(layer)
+        return Owned(self.param_full[self.layout.owned_slice(layer, self.rank)], self.grad_shard[shard],
+                     shard, layer.owned_range(self.rank))
+
+    def before_forward(self, layer):
+        self.param_requests[layer.index].wait()          # its all-gather after the last step
+        return layer.views(self.param_full[self.layout.full_slice(layer)])
+
+    def after_forward(self, layer):
+        """Nothing to release: every rank keeps all parameters."""
 
     def before_backward(self, layer):
-        weight, bias = self.params_for_backward(layer)
-        self.bucket_in_use = (self.bucket_in_use + 1) % len(self.grad_buckets)
-        self.queue.wait(self.bucket_tickets[self.bucket_in_use])   # its last reduce-scatter is done
-        bucket = self.grad_buckets[self.bucket_in_use][:layer.padded]
-        bucket[layer.numel:] = 0                      # padding: zero, whatever a larger layer left
-        dweight, dbias = layer.views(bucket)
-        return weight, bias, dweight, dbias, False  # the bucket is always written afresh
+        weight, bias = layer.views(self.param_full[self.layout.full_slice(layer)])
+        dweight, dbias = layer.views(self.layer_grads.take(layer))   # a one-layer buffer
+        return Backward(weight, bias, dweight, dbias, accumulate=False)   # always written afresh
 
     def after_backward(self, layer):
-        self.bucket_tickets[self.bucket_in_use] = self.queue.submit(
-            "reduce_scatter_sum", self.grad_buckets[self.bucket_in_use][:layer.padded],
-            self.grad_shard[self.layout.shard_slice(layer)], "grads", accumulate=not self.first_micro_batch)
+        """grad_shard[layer] = (or +=, after the first micro-batch) sum_r g_r[owned]: one
+        reduce-scatter of the layer's gradient buffer, which is free again once it is done."""
+        request = self.collectives.reduce_scatter(
+            self.layer_grads.written(layer), self.grad_shard[self.layout.shard_slice(layer)], GRADS,
+            accumulate=not self.first_micro_batch)
+        self.layer_grads.hand_off(request)
+
+    def reduce_grads(self):
+        self.collectives.wait_all()
+
+    def update(self, lr, grad_multiplier):
+        self.adam_on_owned(lr, grad_multiplier)
+
+    def gather_params(self):
+        """p = concat_r p[owned by r], per layer, in place, as in stage 1."""
+        for layer in self.layout.layers:
+            self.param_requests[layer.index] = self.collectives.allgather_in_place(
+                self.param_full[self.layout.full_slice(layer)], PARAMS)

@@ -46,10 +46,10 @@ def build_report(engine, train_comm, steps, stage, micro_batches=1):
     comm.gather_to_root(mine, everyone)
     if comm.rank != 0:
         return None
-    bytes_per_param = engine.zero.precision.bytes_per_param()
+    bytes_per_param = engine.stage.precision.bytes_per_param()
     n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
     return {
-        "stage": stage, "ranks": n, "steps": steps, "dtype": engine.zero.precision.name,
+        "stage": stage, "ranks": n, "steps": steps, "dtype": engine.stage.precision.name,
         "psi": psi, "psi_padded": psi_pad, "bytes_per_param": bytes_per_param.__dict__,
         "memory_formula_bytes": model_state_bytes(stage, psi, n, bytes_per_param),
         "memory_formula_padded_bytes": model_state_bytes(stage, psi_pad, n, bytes_per_param),

@@ -151,9 +151,9 @@ def run(cfg, comm, out, preemption):
     progress = Progress(cfg, comm, out)
     metrics = (MetricsLog(cfg.metrics, comm, engine.memory, cfg.log_every, cfg.steps, append=bool(cfg.resume))
                if cfg.metrics else None)
-    tracer = comm.tracer = Tracer(comm.rank) if cfg.trace else None
-    engine.zero.queue.comm.tracer = tracer                   # --overlap on: the thread's communicator too
+    tracer = Tracer(comm.rank) if cfg.trace else None
     if tracer is not None:
+        tracer.attach(engine)
         tracer.start_clock(comm)
 
     comm.print0(f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks | MLP {'-'.join(map(str, sizes))} "
@@ -178,7 +178,7 @@ def run(cfg, comm, out, preemption):
             take(y_train, batch[k], y_micro[k], axis=0)
         lr = learning_rate(step, cfg.steps, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.min_lr)
         loss_scale = scaler.scale
-        result = train_step(engine.zero, engine.mlp, zip(x_micro, y_micro), cfg.batch_size, lr,
+        result = train_step(engine, zip(x_micro, y_micro), cfg.batch_size, lr,
                             loss_scale, cfg.clip_norm)
         step_end = time.perf_counter()
         if tracer is not None:
@@ -206,7 +206,7 @@ def run(cfg, comm, out, preemption):
             comm.print0(f"step {done}: signalled: checkpoint written to {cfg.save_dir}; exiting with status "
                         f"{PREEMPTED} (continue with --resume)", file=out)
             raise SystemExit(PREEMPTED)
-    engine.zero.finish_communication()                      # the last step's all-gathers
+    engine.stage.finish_communication()                      # the last step's all-gathers
     steps_run = cfg.steps - first_step
     train_seconds = time.perf_counter() - start
     if status is not None:
@@ -214,7 +214,7 @@ def run(cfg, comm, out, preemption):
     if metrics is not None:
         metrics.close()
     if tracer is not None:
-        comm.tracer = engine.zero.queue.comm.tracer = None
+        tracer.detach(engine)
         write_trace(tracer, comm, cfg.trace)
     train_comm = {p: comm.ledger.totals({p}) for p in ("grads", "params")}
 
@@ -268,7 +268,7 @@ def held_out_accuracy(engine, data, dtype, rows_per_rank):
     num_chunks = -(-max(len(p) for p in parts) // rows_per_rank)   # the same on every rank
     x_test = comm.device.from_numpy(data.x_test[mine].astype(dtype))
     y_test = comm.device.from_numpy(data.y_test[mine])
-    correct = np.array([count_correct(engine.zero, engine.mlp, x_test, y_test,
+    correct = np.array([count_correct(engine, x_test, y_test,
                                       rows_per_rank, num_chunks)], dtype=np.float64)
     comm.allreduce_sum(correct, "metrics")
     return correct[0] / data.x_test.shape[0]
