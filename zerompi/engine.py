@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checkpoint.params import set_layer_params
 from .comm import Communicator
 from .layout import Layout
 from .ledger import MemoryLedger
@@ -39,7 +40,6 @@ class Engine:
 
     def init_params(self, seed):
         """Every rank draws the same initial values, one layer at a time, and keeps what its stage keeps."""
-        from .checkpoint.params import set_layer_params
         for layer in self.layout.layers:
             set_layer_params(self.stage, layer, init_layer_values(layer, seed))
 
