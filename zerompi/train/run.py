@@ -38,6 +38,7 @@ from .config import ArgumentError, check_config, device_choice, parse_args
 from .data import BatchSchedule, DataError, load_digits, load_npz, make_synthetic
 from ..devices.device import check_device, select_device, take
 from ..engine import build_engine
+from ..exit_codes import ExitCode
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler
 from .metrics import MetricsLog
@@ -48,13 +49,9 @@ from .schedule import learning_rate
 from .status_line import StatusLine
 from ..observe.trace import Tracer, write_trace
 from ..step import count_correct, train_step
-from ..checkpoint.training import (PREEMPTED, Preemption, check_save_dir, save_training_checkpoint,
-                                  start_from)
+from ..checkpoint.training import Preemption, check_save_dir, save_training_checkpoint, start_from
 from ..observe.watchdog import report_then_abort, stagger
 from ..checkpoint.weights import check_writable, save_weights
-
-DIVERGED = 3                          # exit status when training stops on a non-finite loss
-
 
 MAX_INFERRED_CLASSES = 100_000       # a larger label is far more likely a broken file than intended
 
@@ -204,8 +201,8 @@ def run(cfg, comm, out, preemption):
             save_training_checkpoint(engine, cfg, done, scaler, lineage)
         if preempted:
             comm.print0(f"step {done}: signalled: checkpoint written to {cfg.save_dir}; exiting with status "
-                        f"{PREEMPTED} (continue with --resume)", file=out)
-            raise SystemExit(PREEMPTED)
+                        f"{ExitCode.PREEMPTED:d} (continue with --resume)", file=out)
+            raise SystemExit(ExitCode.PREEMPTED)
     engine.zero.finish_communication()                      # the last step's all-gathers
     steps_run = cfg.steps - first_step
     train_seconds = time.perf_counter() - start
@@ -250,14 +247,14 @@ def not_finite_message(step, result, comm):
 
 def stop(engine, cfg, message, status=None):
     """Collective, every rank with the same message: save the last good weights (the failed step
-    changed nothing) where a save path is set, print the error once, exit with DIVERGED. The live
+    changed nothing) where a save path is set, print the error once, exit with ExitCode.DIVERGED. The live
     progress line (rank 0, status) is erased first, so that the error is not drawn over it."""
     if status is not None:
         status.close()
     if cfg.save_weights:
         saved = save_weights(engine, cfg.save_weights)
         message += "; " + (saved or f"the last good weights are in {cfg.save_weights}")
-    engine.comm.check_all(message, exit_code=DIVERGED)
+    engine.comm.check_all(message, exit_code=ExitCode.DIVERGED)
 
 
 def held_out_accuracy(engine, data, dtype, rows_per_rank):
@@ -284,7 +281,7 @@ def main(argv=None):
         if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
             if launcher_rank(os.environ) == 0:
                 print(f"zerompi: error: {mismatch}", file=sys.stderr, flush=True)
-            raise SystemExit(2)
+            raise SystemExit(ExitCode.BAD_INPUT)
         try:
             cfg, error = parse_args(argv, comm.rank, comm.size), None
         except ArgumentError as e:
@@ -309,8 +306,8 @@ def main(argv=None):
     except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
         time.sleep(stagger(comm.rank))         # several ranks failing at once: the lowest one reports
         traceback.print_exc()
-        report_then_abort(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", comm.mpi.Abort, 1)
-    return 0
+        report_then_abort(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", comm.mpi.Abort, ExitCode.FAILED)
+    return ExitCode.OK
 
 
 if __name__ == "__main__":
