@@ -84,7 +84,7 @@ def test_ranks_calling_different_collectives_stop(capsys):
 
 @pytest.mark.mpi(min_size=2)
 def test_a_mismatch_on_the_communication_thread_stops_the_same_way(capsys):
-    """--overlap on: the check runs on the thread, names the line that submitted the call, and
+    """--overlap: the check runs on the thread, names the line that submitted the call, and
     the main thread exits with the same status (not an error of the thread)."""
     queue = CommQueue(checked_comm(), overlap=True)
     with pytest.raises(SystemExit) as stopped:

@@ -119,7 +119,7 @@ def run(cfg, comm, out, preemption):
     K = cfg.grad_accum
     rows = cfg.batch_size // (comm.size * K)                 # this rank's rows of one micro-batch
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
-    overlap = OverlapConfig(cfg.overlap == "on", cfg.bucket_mb, cfg.prefetch)
+    overlap = OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
     comm.check_all(comm.thread_level_error() if overlap.enabled else None)
     engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, K, overlap)
     comm.check_all(check_writable(cfg.save_weights) if cfg.save_weights and comm.rank == 0 else None)
@@ -149,7 +149,7 @@ def run(cfg, comm, out, preemption):
     metrics = (MetricsLog(cfg.metrics, comm, engine.memory, cfg.log_every, cfg.steps, append=bool(cfg.resume))
                if cfg.metrics else None)
     tracer = comm.tracer = Tracer(comm.rank) if cfg.trace else None
-    engine.zero.queue.comm.tracer = tracer                   # --overlap on: the thread's communicator too
+    engine.zero.queue.comm.tracer = tracer                   # --overlap: the thread's communicator too
     if tracer is not None:
         tracer.start_clock(comm)
 
