@@ -24,7 +24,7 @@ COMM_CHOICES = ("mpi", "nccl")
 REPORT_CHOICES = ("table", "json", "none")
 PROGRESS_CHOICES = ("auto", "live", "lines")
 
-# argument groups, in --help's order
+# the argument groups; --help lists them in the order of TrainConfig's fields
 MODEL, OPTIMIZER, ZERO, PRECISION, CHECKPOINTS, OUTPUT, GUARDS = (
     "model and data", "optimizer and schedule", "ZeRO and communication", "precision", "checkpoints",
     "output and observability", "guards")
@@ -39,8 +39,7 @@ def option(default, help, group, **argparse_kwargs):
 @dataclass
 class TrainConfig:
     hidden: tuple = option((128, 128), "hidden layer widths, comma-separated; the input and output "
-                           "widths come from the data", MODEL,
-                           metavar="W1,W2,...")
+                           "widths come from the data", MODEL, metavar="W1,W2,...")
     classes: int = option(0, "output width (0: 1 + the largest label in the data)", MODEL)
     data: str = option("digits", "digits (shipped), synthetic (generated), or an .npz with x (samples, "
                        "features) float and y (samples,) integer labels, optionally x_test, y_test", MODEL,
