@@ -7,7 +7,7 @@ about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying w
        --device cpu (to 1e-10 relative), through the pinned-host staging path
        (ZEROMPI_CUDA_AWARE=0) and, where the MPI is CUDA-aware, through the direct path too;
        float32 (with gradient accumulation too), fp16 and bf16 runs must track the CPU's
-       weights; --overlap on (collectives from the communication thread) and --comm nccl on one
+       weights; --overlap (collectives from the communication thread) and --comm nccl on one
        rank (NCCL wants a GPU per rank) must match in float64; zerompi/devices/gemm.py's cuBLAS GemmEx
        must equal cupy.matmul (float64, every transpose, with and without adding into c) and
        16-bit products must equal float32 products of the same 16-bit values
@@ -72,10 +72,10 @@ def correctness(cuda_aware, folder, report):
                        f"{'ok' if passed else 'FAILED (limit 1e-10)'}")
     for stage in (1, 3):                             # collectives from the communication thread
         cpu, _ = train(2, "cpu", "float64", stage, folder)
-        gpu, _ = train(2, "gpu", "float64", stage, folder, {"ZEROMPI_CUDA_AWARE": "0"}, ("--overlap", "on"))
+        gpu, _ = train(2, "gpu", "float64", stage, folder, {"ZEROMPI_CUDA_AWARE": "0"}, ("--overlap",))
         diff = relative_difference(gpu, cpu)
         ok &= diff <= 1e-10
-        report(f"  stage {stage}  N=2  staged  float64 --overlap on  max rel diff {diff:.1e}  "
+        report(f"  stage {stage}  N=2  staged  float64 --overlap  max rel diff {diff:.1e}  "
                f"{'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
     # float32: summation order only (~1e-7 relative per gradient); 16-bit: the GPU rounds its
     # activations to 16 bits for the tensor cores, the CPU keeps them in float32, so the weights

@@ -202,16 +202,17 @@ def hidden8_weights(tmp_path_factory):
 # The input maker writes its files into the run's folder and returns the name to substitute for
 # "{input}" in the flags. Every case runs at N=3; the ones marked with 1 also at N=1.
 BAD_INPUTS = [
-    ("stage-7", ["--stage", 7], "--stage 7", None, (3, 1)),
+    ("stage-7", ["--stage", 7], "argument --stage: invalid choice: 7 (choose from 0, 1, 2, 3)", None, (3, 1)),
     ("steps-0", ["--steps", 0], "--steps must be positive", None, (3,)),
     ("batch-negative", ["--batch-size", -4], "--batch-size must be positive", None, (3,)),
     ("hidden-zero", ["--hidden", "0,5"], "widths must be positive", None, (3,)),
     ("hidden-abc", ["--hidden", "abc"], "expected comma-separated integers", None, (3, 1)),
     ("batch-not-divisible", ["--batch-size", 10], "cannot be split evenly over 3 ranks", None, (3,)),
-    ("dtype-int8", ["--dtype", "int8"], "unknown --dtype 'int8'", None, (3,)),
+    ("dtype-int8", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'", None, (3,)),
     ("grad-accum-0", ["--grad-accum", 0], "--grad-accum must be positive", None, (3,)),
     ("batch-not-divisible-by-micro-batches", ["--grad-accum", 5], "over 3 ranks x 5 micro-batches", None, (3,)),
-    ("lr-schedule-unknown", ["--lr-schedule", "linear"], "unknown --lr-schedule 'linear'", None, (3,)),
+    ("lr-schedule-unknown", ["--lr-schedule", "linear"], "argument --lr-schedule: invalid choice: 'linear'", None,
+     (3,)),
     ("warmup-negative", ["--warmup-steps", -1], "--warmup-steps must be >= 0", None, (3,)),
     ("min-lr-above-lr", ["--min-lr", 1.0], "--min-lr must be in [0, --lr]", None, (3,)),
     ("clip-norm-negative", ["--clip-norm", -1], "--clip-norm must be >= 0", None, (3,)),
@@ -246,10 +247,12 @@ BAD_INPUTS = [
      _ds_inconsistent, (3,)),
     ("deepspeed-invalid-json", ["--config", "{input}"], "ds.json is not valid JSON", _ds_invalid, (3,)),
     ("config-and-deepspeed", ["--config", "a.toml", "--deepspeed-config", "b.json"], "choose one", None, (3,)),
-    ("device-unknown", ["--device", "tpu"], "unknown --device 'tpu': choose auto, cpu, gpu", None, (3,)),
-    ("comm-unknown", ["--comm", "gloo"], "unknown --comm 'gloo': choose mpi or nccl", None, (3,)),
+    ("device-unknown", ["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'auto', 'cpu', "
+     "'gpu')", None, (3,)),
+    ("comm-unknown", ["--comm", "gloo"], "argument --comm: invalid choice: 'gloo' (choose from 'mpi', 'nccl')", None,
+     (3,)),
     ("comm-nccl-on-cpu", ["--comm", "nccl", "--device", "cpu"], "--comm nccl needs --device gpu", None, (3, 1)),
-    ("overlap-maybe", ["--overlap", "maybe"], "unknown --overlap 'maybe'", None, (3,)),
+    ("overlap-is-a-switch", ["--overlap", "on"], "unrecognized arguments: on", None, (3,)),
     ("bucket-mb-negative", ["--bucket-mb", -1], "--bucket-mb must be a finite number >= 0", None, (3,)),
     ("prefetch-negative", ["--prefetch", -1], "--prefetch must be >= 0", None, (3,)),
 ]
@@ -305,6 +308,31 @@ def test_help_prints_usage_once_and_exits_0(tmp_path):
     assert files_under(tmp_path) == []
 
 
+def test_help_is_grouped_with_choices_switches_and_defaults():
+    """--help comes from TrainConfig's fields: a group per topic, enumerations as {choices},
+    booleans as --x/--no-x, and "(default: ...)" wherever the default is not empty."""
+    from zerompi.train.config import build_parser
+    text = " ".join(build_parser().format_help().split())          # unwrapped
+    for group in ("config files:", "model and data:", "optimizer and schedule:", "ZeRO and communication:",
+                  "precision:", "checkpoints:", "output and observability:", "guards:"):
+        assert group in text, group
+    for flag in ("--stage {0,1,2,3}", "--dtype {float32,float64,bf16,fp16}", "--lr-schedule {constant,cosine}",
+                 "--report {table,json,none}", "--device {auto,cpu,gpu}", "--comm {mpi,nccl}",
+                 "--progress {auto,live,lines}", "--overlap, --no-overlap", "--shuffle, --no-shuffle",
+                 "--check-collectives, --no-check-collectives"):
+        assert flag in text, flag
+    assert "partitioned (default: 3)" in text and "(default: )" not in text
+    assert "exit status: 0 ok, 1 failed, 2 bad input, 3 diverged, 4 preempted" in text
+
+
+def test_exit_statuses_keep_their_numbers():
+    """Job scripts branch on them (slurm/common.sh requeues a preempted job on 4)."""
+    from zerompi.exit_codes import ExitCode
+    assert {code.name: int(code) for code in ExitCode} == {
+        "OK": 0, "FAILED": 1, "BAD_INPUT": 2, "DIVERGED": 3, "PREEMPTED": 4, "COLLECTIVE_MISMATCH": 5,
+        "COLLECTIVE_TIMEOUT": 6}
+
+
 # ----------------------------------------------------------------------------------------------
 # Determinism: the same flags twice give the same bits
 # ----------------------------------------------------------------------------------------------
@@ -357,8 +385,8 @@ def test_overlap_on_and_off_save_bitwise_identical_weights(stage, tmp_path):
     (tests/mpi/test_overlap.py checks it for every N, dtype and setting; this is the command line)."""
     flags = ["--stage", stage, "--steps", 6, "--hidden", "16,9", "--batch-size", 24, "--grad-accum", 2,
              "--log-every", 0, "--report", "none", "--bucket-mb", 0]
-    train_ok(3, *flags, "--overlap", "off", "--save-weights", "off.npz", cwd=tmp_path)
-    train_ok(3, *flags, "--overlap", "on", "--prefetch", 2, "--save-weights", "on.npz", cwd=tmp_path)
+    train_ok(3, *flags, "--no-overlap", "--save-weights", "off.npz", cwd=tmp_path)
+    train_ok(3, *flags, "--overlap", "--prefetch", 2, "--save-weights", "on.npz", cwd=tmp_path)
     off, on = load_weights(tmp_path / "off.npz"), load_weights(tmp_path / "on.npz")
     assert sorted(off) == sorted(on)
     for name in off:

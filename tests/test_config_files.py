@@ -37,13 +37,13 @@ def test_example_toml_maps_every_key_and_the_command_line_wins():
     assert cfg.stage == 1 and cfg.check_collectives and cfg.grad_accum == 2
 
 
-def test_toml_booleans_set_switches_and_on_off_flags(tmp_path):
+def test_toml_booleans_set_switches(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text("shuffle = false\ncheck-collectives = true\noverlap = true\n")
     cfg = parse_args(["--config", str(toml)])
-    assert cfg.shuffle is False and cfg.check_collectives is True and cfg.overlap == "on"
+    assert cfg.shuffle is False and cfg.check_collectives is True and cfg.overlap is True
     toml.write_text("overlap = false\n")
-    assert parse_args(["--config", str(toml)]).overlap == "off"
+    assert parse_args(["--config", str(toml)]).overlap is False
 
 
 def test_example_deepspeed_config_maps_every_key():

@@ -138,10 +138,10 @@ def test_trace_has_nested_compute_and_comm_spans_on_every_rank(tmp_path, stage):
 
 
 def test_trace_with_overlap_has_the_communication_threads_collectives(tmp_path):
-    """--overlap on: grads and params collectives run on the thread: trace thread 1, all of them."""
+    """--overlap: grads and params collectives run on the thread: trace thread 1, all of them."""
     steps = 3
     train_ok(2, "--stage", 1, "--steps", steps, "--hidden", "24,16", "--batch-size", 48, "--log-every", 0,
-             "--report", "json", "--trace", "t.json", "--overlap", "on", "--bucket-mb", 0, cwd=tmp_path)
+             "--report", "json", "--trace", "t.json", "--overlap", "--bucket-mb", 0, cwd=tmp_path)
     with open(tmp_path / "t.json") as f:
         events = json.load(f)["traceEvents"]
     thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
@@ -235,7 +235,7 @@ def test_progress_live_under_mpirun_draws_on_rank_0_only(tmp_path):
     (["--metrics", "nowhere/m.jsonl"], "cannot save metrics to nowhere/m.jsonl"),
     (["--trace", "nowhere/t.json"], "cannot save the trace to nowhere/t.json"),
     (["--trace", "."], "it is a folder"),
-    (["--progress", "fancy"], "unknown --progress 'fancy'"),
+    (["--progress", "fancy"], "argument --progress: invalid choice: 'fancy'"),
 ])
 def test_bad_observability_flags(tmp_path, flags, keyword):
     run = launch(2, *flags, "--steps", 2, cwd=tmp_path)

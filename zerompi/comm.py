@@ -57,7 +57,8 @@ mpi4py.rc.initialize = False          # MPI starts in init_mpi(), after the devi
 from mpi4py import MPI                # noqa: E402
 import numpy as np                    # noqa: E402
 
-from .observe.collective_check import MISMATCH, CollectiveCheck   # noqa: E402
+from .observe.collective_check import CollectiveCheck   # noqa: E402
+from .exit_codes import ExitCode      # noqa: E402
 from .devices.device import CPU               # noqa: E402
 from .ledger import CommLedger        # noqa: E402
 from .devices.mpi_cuda import cuda_aware      # noqa: E402
@@ -116,7 +117,7 @@ class Communicator:
                 self.mpi.Allgather(self.check.own_description(), self.check.descriptions)
                 self._end()
                 self.print0(f"zerompi: error: {self.check.mismatch_message()}", file=sys.stderr)
-                raise SystemExit(MISMATCH)          # on every rank: they all hold the same table
+                raise SystemExit(ExitCode.COLLECTIVE_MISMATCH)  # on every rank: they all hold the same table
         return time.perf_counter()
 
     def _end(self):
@@ -342,7 +343,7 @@ class Communicator:
         """Collective: True on every rank when any rank's error is not None."""
         return self.first_failing_rank(error) is not None
 
-    def check_all(self, error, exit_code=2):
+    def check_all(self, error, exit_code=ExitCode.BAD_INPUT):
         """Collective: every rank passes its error message or None. If any rank has one, the
         lowest such rank prints it (one line, once) and every rank raises SystemExit(exit_code)."""
         first_failing = self.first_failing_rank(error)

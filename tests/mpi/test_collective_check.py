@@ -2,14 +2,14 @@
 
 Ranks really disagree here: rank 0 calls the communicator with one size (or kind) from one line,
 the other ranks with another size (or kind) from another line. Without the check this would hang
-or mix unrelated buffers; with it every rank raises SystemExit(MISMATCH) and rank 0 prints one
-line naming both call sites.
+or mix unrelated buffers; with it every rank raises SystemExit(ExitCode.COLLECTIVE_MISMATCH) and
+rank 0 prints one line naming both call sites.
 """
 
 import numpy as np
 import pytest
 
-from zerompi.observe.collective_check import MISMATCH
+from zerompi.exit_codes import ExitCode
 from zerompi.comm import Communicator
 from zerompi.ledger import GRADS
 from zerompi.overlap.thread import ThreadedCollectives
@@ -50,7 +50,7 @@ def test_ranks_calling_different_sizes_stop_with_both_call_sites(capsys):
             comm.allreduce_sum(np.zeros(10), "grads")  # rank 0's call
         else:
             comm.allreduce_sum(np.zeros(12), "grads")  # the others' call
-    assert stopped.value.code == MISMATCH
+    assert stopped.value.code == ExitCode.COLLECTIVE_MISMATCH
     err = capsys.readouterr().err
     if comm.rank != 0:
         assert err == ""                                          # printed once, by rank 0
@@ -71,7 +71,7 @@ def test_ranks_calling_different_collectives_stop(capsys):
             comm.allgather(np.zeros(2), full, "params")
         else:
             comm.reduce_scatter_sum(full, np.zeros(2), "grads")
-    assert stopped.value.code == MISMATCH
+    assert stopped.value.code == ExitCode.COLLECTIVE_MISMATCH
     err = capsys.readouterr().err
     if comm.rank == 0:
         assert err.count("zerompi: error:") == 1, err
@@ -85,7 +85,7 @@ def test_ranks_calling_different_collectives_stop(capsys):
 
 @pytest.mark.mpi(min_size=2)
 def test_a_mismatch_on_the_communication_thread_stops_the_same_way(capsys):
-    """--overlap on: the check runs on the thread, names the line that submitted the call, and
+    """--overlap: the check runs on the thread, names the line that submitted the call, and
     the main thread exits with the same status (not an error of the thread)."""
     collectives = ThreadedCollectives(checked_comm())
     with pytest.raises(SystemExit) as stopped:
@@ -93,7 +93,7 @@ def test_a_mismatch_on_the_communication_thread_stops_the_same_way(capsys):
             collectives.allreduce(np.zeros(10), GRADS).wait()  # rank 0's queued call
         else:
             collectives.allreduce(np.zeros(12), GRADS).wait()  # the others' queued call
-    assert stopped.value.code == MISMATCH
+    assert stopped.value.code == ExitCode.COLLECTIVE_MISMATCH
     err = capsys.readouterr().err
     if collectives.rank == 0:
         site_0, site_others = line_of("rank 0's queued call"), line_of("the others' queued call")

@@ -6,7 +6,7 @@ zerompi/comm.py take its GPU code paths with real MPI collectives on host memory
   memory copies to and from the pinned buffer, which is ledgered; nothing device-held reaches MPI.
 - direct (CUDA-aware): the same weights, no staging buffer, and the stream is synchronized before
   every collective on device memory.
-- with --overlap on, the communication thread stages through its own pinned buffer: the same weights.
+- with --overlap, the communication thread stages through its own pinned buffer: the same weights.
 """
 import numpy as np
 import pytest
@@ -80,7 +80,7 @@ def test_cuda_aware_collectives_take_device_memory_after_a_synchronize(stage):
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_staging_from_the_communication_thread(stage):
-    """--overlap on: the thread's communicator stages through its own pinned buffer."""
+    """--overlap: the thread's communicator stages through its own pinned buffer."""
     _, _, cpu_weights = train(stage, "float32", 1)
     device = StandInGPU()
     engine, _, weights = train(stage, "float32", 1, device, cuda_aware=False,

@@ -8,7 +8,7 @@
     save:    every --save-every steps, at the end, and when preempted, into --save-dir
     preempt: SIGTERM or SIGUSR1 (what Slurm sends before a time limit) only sets a flag; after
              each step one all-reduce tells every rank whether any rank got the signal, so all
-             of them finish the same step, write the checkpoint, and exit with PREEMPTED together
+             of them finish the same step, write the checkpoint, and exit with ExitCode.PREEMPTED together
 """
 import os
 import signal
@@ -21,8 +21,6 @@ from .files import CheckpointError, latest_checkpoint
 from .load import load_checkpoint
 from .params import held_params, set_layer_params
 from .save import save_checkpoint
-
-PREEMPTED = 4          # exit status after a signal: the checkpoint is written; rerun with --resume
 
 
 def start_from(engine, cfg, scaler):

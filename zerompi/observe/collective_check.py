@@ -10,9 +10,9 @@ most. With the check on, zerompi/comm.py precedes every collective with one smal
 On the first disagreement every rank holds the same table, so all of them take the same second
 step: an all-gather of each rank's description, `allreduce of 1,234 float32 (grads) at
 zerompi/stages/stage0.py:40`, as fixed-width text; the lowest rank prints one line naming each
-side, and every rank exits with status MISMATCH. The call site is the first frame outside the
-communicator (sys._getframe, only while the check is on). Cost: one latency-bound all-gather of
-32 N bytes per collective, and a stack walk.
+side, and every rank exits with status ExitCode.COLLECTIVE_MISMATCH (zerompi/exit_codes.py). The
+call site is the first frame outside the communicator (sys._getframe, only while the check is on).
+Cost: one latency-bound all-gather of 32 N bytes per collective, and a stack walk.
 
 A rank that calls no collective at all while the others do is caught by --collective-timeout
 (zerompi/observe/watchdog.py) instead: nobody answers its header.
@@ -23,7 +23,6 @@ import zlib
 
 import numpy as np
 
-MISMATCH = 5                        # exit status when ranks disagree on a collective
 DESCRIPTION_BYTES = 256             # fixed width of the text exchanged on a mismatch
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _SKIPPED_FILES = {os.path.join(_PACKAGE_PARENT, "zerompi", *path) for path in (

@@ -11,7 +11,7 @@ forever: MPI collectives have no timeout. The watchdog gives them one.
     one daemon thread per communicator, started once (two with --overlap on: the communication
     thread's communicator has its own, see Communicator.duplicate):
         every `poll` seconds: if a collective entered more than `limit` seconds ago has not left,
-        print which one and which rank waited, and MPI_Abort the job (exit status TIMED_OUT)
+        print which one and which rank waited, and MPI_Abort the job (exit status ExitCode.COLLECTIVE_TIMEOUT)
 
 mpi4py releases the GIL inside MPI calls, so the thread runs while the main thread waits; mpi4py
 initializes MPI with MPI_THREAD_MULTIPLE, so the thread may call MPI_Abort.
@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 
-TIMED_OUT = 6                    # exit status of a job the watchdog ended
+from ..exit_codes import ExitCode
+
 STAGGER_SECONDS = 1.0            # per rank; see the docstring
 REPORT_PAUSE_SECONDS = 0.5
 MAX_STAGGER_SECONDS = 10.0
@@ -75,5 +76,6 @@ class CollectiveWatchdog:
             report_then_abort(f"zerompi: error: rank {self.rank} waited {waited:.1f} s in {self.kind} "
                               f"({self.purpose}{size}) for ranks that never joined it (limit: --collective-timeout "
                               f"{self.limit:g}): a rank is stopped, dead, or in another collective "
-                              f"(--check-collectives finds that); ending the job", self.abort, TIMED_OUT)
+                              f"(--check-collectives finds that); ending the job", self.abort,
+                              ExitCode.COLLECTIVE_TIMEOUT)
             return

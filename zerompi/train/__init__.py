@@ -3,7 +3,9 @@
     run.py           setup, the training loop, the finish (held-out accuracy, weights, report)
     config.py        TrainConfig and its command line; config_files.py: TOML and DeepSpeed JSON
     data.py          data sets (the shipped digits in datasets/, synthetic, .npz) and batch order
-    schedule.py      learning-rate schedule          loss_scale.py   fp16 dynamic loss scaling
-    launch.py        launcher and thread checks      status_line.py  the live progress line
+    batches.py       this rank's rows of each micro-batch, gathered on the device
+    schedule.py      learning-rate schedule           loss_scale.py   fp16 dynamic loss scaling
+    divergence.py    the stop on a diverged run       launch.py       launcher and thread checks
+    progress.py      the progress line                status_line.py  the live progress line
     metrics.py       per-step JSON lines              report.py       the end-of-run ledger report
 """

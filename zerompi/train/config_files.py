@@ -5,7 +5,7 @@ line, so a flag given on the command line wins over the file, and every value go
 same type checks and error messages as a flag.
 
 TOML (`--config run.toml`): the keys are the long flag names without the dashes
-(`batch-size = 256`, `hidden = [256, 256]`, `shuffle = false`, `check-collectives = true`).
+(`batch-size = 256`, `hidden = [256, 256]`, `shuffle = false`, `overlap = true`).
 
 DeepSpeed JSON (`--deepspeed-config ds.json`, or `--config ds.json`), mapped where zerompi has the
 same thing; any other key, or a value zerompi cannot honour, is an error naming every such key:
@@ -62,10 +62,8 @@ def toml_flags(table, known_flags, path):
     for key, value in table.items():
         if key not in known_flags or key in ("config", "deepspeed-config") or isinstance(value, dict):
             unknown.append(key)
-        elif (value is True or value is False) and known_flags[key]:
+        elif (value is True or value is False) and known_flags[key]:    # overlap = true: --overlap
             flags.append(f"--{key}" if value else f"--no-{key}")
-        elif value is True or value is False:              # an on/off flag: overlap = true
-            flags += [f"--{key}", "on" if value else "off"]
         elif isinstance(value, list):
             flags += [f"--{key}", ",".join(map(str, value))]
         else:

@@ -12,6 +12,7 @@ make_synthetic(seed)   a procedurally generated set: x ~ N(0, I), labels from a 
                        bitwise deterministic given its arguments.
 load_npz(path)         the user's data from an .npz archive, loaded without pickle, every problem
                        reported as a one-line DataError naming the file.
+load_data(cfg)         the data set --data names, checked against --classes and --batch-size.
 BatchSchedule          which training rows make up the global batch of each step. It depends only
                        on (num_samples, global_batch, seed, shuffle), never on the number of ranks:
                        the caller splits each global batch among ranks, so every world size
@@ -215,6 +216,34 @@ def _read_array(path, archive, key):
 
 def _one_line(error):
     return " ".join(str(error).split())
+
+
+MAX_INFERRED_CLASSES = 100_000       # a larger label is far more likely a broken file than intended
+
+
+def load_data(cfg):
+    """(dataset or None, error message or None): the data set --data names, checked against
+    --classes and --batch-size."""
+    try:
+        if cfg.data == "digits":
+            data = load_digits()
+        elif cfg.data == "synthetic":
+            data = make_synthetic(cfg.seed)
+        else:
+            data = load_npz(cfg.data)
+    except DataError as e:
+        return None, str(e)
+    if not cfg.classes and data.num_classes > MAX_INFERRED_CLASSES:
+        return None, (f"{data.name} has labels up to {data.num_classes - 1}: more than "
+                      f"{MAX_INFERRED_CLASSES} classes; if that is intended, pass --classes")
+    classes = cfg.classes or data.num_classes
+    if data.num_classes > classes:
+        return None, (f"labels out of range: {data.name} has labels up to {data.num_classes - 1} but "
+                      f"--classes {classes} allows 0..{classes - 1}")
+    if cfg.batch_size > data.x_train.shape[0]:
+        return None, (f"--batch-size {cfg.batch_size} is larger than the {data.x_train.shape[0]} "
+                      f"training samples of {data.name}")
+    return data, None
 
 
 # ----------------------------------------------------------------------------------------------

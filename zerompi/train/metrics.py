@@ -15,7 +15,7 @@
                          reductions, Adam), perf_counter; samples_per_second = batch / that
     comm                 per purpose, what rank 0's CommLedger recorded during this step: calls,
                          ring bytes and elements (as in the end-of-run report), seconds inside MPI.
-                         With --overlap on a collective is counted in the step it finishes in
+                         With --overlap a collective is counted in the step it finishes in
                          (stage 1-2 parameter all-gathers finish in the next step's forward; the
                          last step's after the loop, in no line), and its seconds are the
                          communication thread's, not time the step waited

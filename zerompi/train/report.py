@@ -9,7 +9,7 @@ and v; float64: 8, 8, 16; bf16 and fp16: 2, 2, 12 as the fp32 master, m and v):
     model state per rank   stage 0: (P+G+K) Psi   1: (P+G) Psi + K Psi/N   2: P Psi + (G+K) Psi/N
                            stage 3: (P+G+K) Psi / N
     comm per rank per step stages 0-2: 2 Psi (N-1)/N      stage 3: 3 Psi (N-1)/N   (elements)
-                           with K micro-batches: stage 2 (K+1) Psi (N-1)/N, stage 3 3K Psi (N-1)/N
+                           with M micro-batches: stage 2 (M+1) Psi (N-1)/N, stage 3 3M Psi (N-1)/N
 
 Each formula is shown twice: at Psi (the model's parameter count) and at Psi_pad (each layer padded
 to a multiple of N, what the buffers really hold). Measured equals the Psi_pad column exactly;
@@ -70,11 +70,11 @@ def _size(num_bytes):
 def format_table(report):
     r = report
     b = r["bytes_per_param"]
-    k = r["micro_batches"]
-    comm_name = {0: "2 Psi (N-1)/N", 1: "2 Psi (N-1)/N", 2: "(K+1) Psi (N-1)/N" if k > 1 else "2 Psi (N-1)/N",
-                 3: "3K Psi (N-1)/N" if k > 1 else "3 Psi (N-1)/N"}[r["stage"]]
-    if k > 1:
-        comm_name += f", K = {k} micro-batches"
+    m = r["micro_batches"]
+    comm_name = {0: "2 Psi (N-1)/N", 1: "2 Psi (N-1)/N", 2: "(M+1) Psi (N-1)/N" if m > 1 else "2 Psi (N-1)/N",
+                 3: "3M Psi (N-1)/N" if m > 1 else "3 Psi (N-1)/N"}[r["stage"]]
+    if m > 1:
+        comm_name += f", M = {m} micro-batches"
     lines = [
         f"ZeRO stage {r['stage']}, N = {r['ranks']} ranks, {r['dtype']}, Psi = {r['psi']:,} parameters"
         f" ({r['psi_padded']:,} padded), P={b['param']:g} G={b['grad']:g} K={b['optimizer']:g} bytes/param",

@@ -1,0 +1,34 @@
+"""The exit statuses of `mpirun -n N python -m zerompi.train`: one enumeration, used everywhere.
+
+Every rank exits with the same status (the verdicts are collective: zerompi/comm.py check_all),
+so a job script can branch on mpirun's status:
+
+    OK                   0  the run finished: weights, report and checkpoint written as asked
+    FAILED               1  an unexpected failure (a bug, an MPI error): a traceback, one line
+                            naming the rank, and MPI_Abort so that no rank is left waiting
+    BAD_INPUT            2  bad flags, config file, data, environment or output path: one line
+                            `zerompi: error: ...` on stderr, nothing written
+    DIVERGED             3  a non-finite loss or gradient (float32/float64/bf16), or the fp16 loss
+                            scale fell below --min-loss-scale: the last good weights are saved
+                            where --save-weights is set
+    PREEMPTED            4  SIGTERM/SIGUSR1: every rank finished the step and the checkpoint is
+                            in --save-dir; run again with --resume (zerompi/checkpoint/training.py)
+    COLLECTIVE_MISMATCH  5  --check-collectives: the ranks disagreed on a collective
+                            (zerompi/observe/collective_check.py)
+    COLLECTIVE_TIMEOUT   6  a collective waited past --collective-timeout: the watchdog ended
+                            the job (zerompi/observe/watchdog.py)
+
+An IntEnum is an int: `raise SystemExit(ExitCode.DIVERGED)` exits with status 3, and
+`MPI_Abort(ExitCode.FAILED)` with 1.
+"""
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    DIVERGED = 3
+    PREEMPTED = 4
+    COLLECTIVE_MISMATCH = 5
+    COLLECTIVE_TIMEOUT = 6
