@@ -180,7 +180,7 @@ def nccl_available():
 def transport():
     """The CUDA-awareness verdict as a run under mpirun sees it (not this process: it starts no
     MPI before the runs above, which mpirun launches)."""
-    code = ("import os; from zerompi.device import select_device; from zerompi.comm import Communicator; "
+    code = ("import os; from zerompi.devices.device import select_device; from zerompi.comm import Communicator; "
             "print(Communicator(device=select_device('gpu', os.environ)[0]).describe_transport())")
     result = subprocess.run([mpirun(), "-n", "1", sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=TIMEOUT)
