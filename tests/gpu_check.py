@@ -173,8 +173,8 @@ def gemm_correctness(cupy, report):
 
 
 def nccl_available():
-    from zerompi.devices.device import _nccl_available
-    return _nccl_available()
+    from zerompi.devices.choice import nccl_available
+    return nccl_available()
 
 
 def transport():

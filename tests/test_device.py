@@ -124,7 +124,7 @@ def test_device_checks(monkeypatch):
     assert check_device(CPU(), "float32", "mpi", 1) is None
     assert "needs a GPU" in check_device(CPU(), "float32", "nccl", 1)
     gpu = types.SimpleNamespace(is_gpu=True, count=1)
-    monkeypatch.setattr("zerompi.devices.device._nccl_available", lambda: True)
+    monkeypatch.setattr("zerompi.devices.choice.nccl_available", lambda: True)
     assert check_device(gpu, "float32", "nccl", 1) is None
     assert "NCCL needs a GPU per rank" in check_device(gpu, "float32", "nccl", 2)
 
