@@ -10,7 +10,10 @@ about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying w
        weights; --overlap (collectives from the communication thread) and --comm nccl on one
        rank (NCCL wants a GPU per rank) must match in float64; zerompi/devices/gemm.py's cuBLAS GemmEx
        must equal cupy.matmul (float64, every transpose, with and without adding into c) and
-       16-bit products must equal float32 products of the same 16-bit values
+       16-bit products must equal float32 products of the same 16-bit values; the GPU device's
+       operations (zerompi/devices/gpu.py) must equal the CPU device's on small-integer inputs
+       (exact products: bitwise, the GELUs to CUDA's tanh and one 16-bit rounding; AdamW to
+       float32 rounding)
     3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32, fp16 and
        bf16: the step's TFLOP/s (6 flops per weight per row: forward 2, backward 4) beside the
        GPU's rate for the GEMM the step runs (zerompi.gemm: 16-bit operands on tensor cores,
@@ -172,15 +175,84 @@ def gemm_correctness(cupy, report):
     return ok
 
 
+def device_ops_correctness(device, report):
+    """zerompi/devices/gpu.py's operations against the CPU device's (zerompi/devices/cpu.py) on the
+    same inputs: small integers, so that every product and sum is exact and the GEMMs' results
+    must be equal bitwise whatever their summation order (tests/test_device_ops.py runs the same
+    comparison with NumPy stand-ins for cuBLAS and the kernels). The GELUs compute tanh with CUDA's
+    tanh, not NumPy's: equal to a few float32 ulps, then one 16-bit rounding in mixed precision."""
+    from zerompi.adam import AdamConfig
+    from zerompi.devices.cpu import CPU
+    from zerompi.devices.device import check_device, to_numpy
+    from zerompi.precision import precision_for
+    B, I, O = 6, 5, 4
+    ok = True
+    for dtype_name in ("float64", "float32", "fp16", "bf16"):
+        if check_device(device, dtype_name, "mpi", 1):
+            report(f"  device ops {dtype_name}: skipped, {check_device(device, dtype_name, 'mpi', 1)}")
+            continue
+        precision = precision_for(dtype_name)
+        storage, compute = precision.storage, precision.compute
+        results = []
+        for dev in (CPU(), device):
+            operand = dev.operand_dtype(precision)
+            work = dev.linear_work(lambda kind, name, shape, dtype: dev.zeros(shape, dtype), O * I + O, B, precision, 2)
+            rng = np.random.default_rng(3)                 # the same values on both devices
+
+            def integers(shape, dtype):
+                return dev.from_numpy(rng.integers(-4, 5, shape).astype(dtype))
+            x, dy, d_out = integers((B, I), operand), integers((B, O), operand), integers((B, O), compute)
+            weight, bias = integers((O, I), storage), integers(O, storage)
+            pre, y, t = dev.zeros((B, O), compute), dev.zeros((B, O), operand), dev.zeros((B, O), compute)
+            dev.linear_gelu_forward(x, weight, bias, pre, y, t, work)
+            logits = dev.zeros((B, O), compute)
+            dev.linear_forward(x, weight, bias, logits, work)
+            d_pre = dev.zeros((B, O), operand)
+            dev.gelu_backward(d_out, pre, t, d_pre)
+            dweight, dbias, dx = dev.zeros((O, I), storage), dev.zeros(O, storage), dev.zeros((B, I), compute)
+            dev.linear_backward(dy, x, weight, dweight, dbias, dx, False, work)
+            dev.linear_backward(dy, x, weight, dweight, dbias, None, True, work)
+            square = dev.zeros(1, np.float64)
+            dev.sum_of_squares(dweight.reshape(-1), square, work)
+            # AdamW: two steps of the update (16-bit params rounded from the master in mixed precision)
+            master = dev.from_numpy(np.linspace(-1, 1, 40).astype(compute))
+            param = master if not precision.mixed else dev.from_numpy(to_numpy(master).astype(storage))
+            m, v = dev.zeros(40, compute), dev.zeros(40, compute)
+            config = AdamConfig(beta1=0.8, beta2=0.99, eps=1e-3, weight_decay=0.1)
+            adam_work = dev.adamw_work(40, precision, lambda kind, name, shape, dtype: dev.zeros(shape, dtype))
+            for step in (1, 2):
+                grad = dev.from_numpy(np.linspace(-3, 2, 40).astype(storage) * step)
+                dev.adamw(param, grad, master, m, v, 0.5, 1 - 0.05 * config.weight_decay,
+                          0.05 / (1 - config.beta1 ** step), np.sqrt(1 - config.beta2 ** step), config, adam_work)
+            dev.synchronize()
+            results.append({name: to_numpy(a).astype(np.float64) for name, a in dict(
+                pre=pre, logits=logits, dweight=dweight, dbias=dbias, dx=dx, square=square, y=y, d_pre=d_pre,
+                master=master, m=m, v=v, param=param).items()})
+        cpu, gpu = results
+        exact = [name for name in ("pre", "logits", "dweight", "dbias", "dx", "square")
+                 if not np.array_equal(gpu[name], cpu[name])]
+        ulp = 2.0 ** -(8 if storage == precision_for("bf16").storage else 11) if precision.mixed else 0.0
+        close = [name for name, rtol, atol in (("y", max(ulp, 1e-5), 1e-4), ("d_pre", max(ulp, 1e-5), 1e-4),
+                                               ("master", 1e-5, 1e-6), ("m", 1e-5, 1e-6), ("v", 1e-5, 1e-6),
+                                               ("param", max(ulp, 1e-5), 1e-6))
+                 if not np.allclose(gpu[name], cpu[name], rtol=rtol, atol=atol)]
+        passed = not exact and not close
+        ok &= passed
+        report(f"  device ops {dtype_name}: GEMM results bitwise equal to the CPU's: "
+               f"{'yes' if not exact else 'NO ' + ', '.join(exact)}; GELUs and AdamW within rounding: "
+               f"{'yes' if not close else 'NO ' + ', '.join(close)}  {'ok' if passed else 'FAILED'}")
+    return ok
+
+
 def nccl_available():
-    from zerompi.devices.device import _nccl_available
-    return _nccl_available()
+    from zerompi.devices.choice import nccl_available
+    return nccl_available()
 
 
 def transport():
     """The CUDA-awareness verdict as a run under mpirun sees it (not this process: it starts no
     MPI before the runs above, which mpirun launches)."""
-    code = ("import os; from zerompi.device import select_device; from zerompi.comm import Communicator; "
+    code = ("import os; from zerompi.devices.device import select_device; from zerompi.comm import Communicator; "
             "print(Communicator(device=select_device('gpu', os.environ)[0]).describe_transport())")
     result = subprocess.run([mpirun(), "-n", "1", sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=TIMEOUT)
@@ -257,6 +329,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         ok = correctness("CUDA-aware: yes" in line, folder, report)
     ok = gemm_correctness(cupy, report) and ok
+    ok = device_ops_correctness(device, report) and ok
     report("speed, MLP 1024-4x2048-10, one rank, stage 1:")
     rows = 4096
     from zerompi.precision import precision_for

@@ -119,7 +119,7 @@ def test_memory_is_ledgered():
         opt = Opt(numel, dtype, CONFIG, ledger)
         size = np.dtype(dtype).itemsize
         assert opt.m.shape == opt.v.shape == (numel,)
-        assert opt.m.dtype == opt.v.dtype == opt.scratch.dtype == np.dtype(dtype)
+        assert opt.m.dtype == opt.v.dtype == opt.work.scratch.dtype == np.dtype(dtype)
         assert not np.shares_memory(opt.m, opt.v)
         assert np.all(opt.m == 0) and np.all(opt.v == 0)
         assert ledger.bytes_by_kind["optimizer"] == 2 * numel * size
@@ -128,7 +128,7 @@ def test_memory_is_ledgered():
         assert ledger.bytes_by_kind["activations"] == 0
         assert sorted((kind, name) for kind, name, *_ in ledger.buffers) == [
             ("optimizer", "adam.m"), ("optimizer", "adam.v"), ("work", "adam.scratch")]
-        assert opt.scratch.size == min(numel, CHUNK)     # one chunk, not the whole buffer
+        assert opt.work.scratch.size == min(numel, CHUNK)     # one chunk, not the whole buffer
 
 
 def test_chunk_loop_sees_every_chunk():

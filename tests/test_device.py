@@ -114,7 +114,7 @@ def test_take_writes_rows_into_out_without_a_temporary():
 
 def test_the_gpu_is_chosen_before_mpi_starts():
     """zerompi.train imports mpi4py.MPI without initializing it; the Communicator starts MPI."""
-    code = ("import zerompi.train\nfrom mpi4py import MPI\nassert not MPI.Is_initialized()\n"
+    code = ("import zerompi.train.run\nfrom mpi4py import MPI\nassert not MPI.Is_initialized()\n"
             "from zerompi.comm import Communicator\nCommunicator()\nassert MPI.Is_initialized()\nprint('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
@@ -124,7 +124,7 @@ def test_device_checks(monkeypatch):
     assert check_device(CPU(), "float32", "mpi", 1) is None
     assert "needs a GPU" in check_device(CPU(), "float32", "nccl", 1)
     gpu = types.SimpleNamespace(is_gpu=True, count=1)
-    monkeypatch.setattr("zerompi.device._nccl_available", lambda: True)
+    monkeypatch.setattr("zerompi.devices.choice.nccl_available", lambda: True)
     assert check_device(gpu, "float32", "nccl", 1) is None
     assert "NCCL needs a GPU per rank" in check_device(gpu, "float32", "nccl", 2)
 
@@ -197,7 +197,7 @@ def test_library_path_from_the_memory_map(tmp_path):
 def test_this_machines_mpi_is_not_cuda_aware_by_every_question():
     """The real MPICH wheel: the info key lists no cuda kind, and its MPIX_Query_cuda_support()
     (found through /proc/self/maps and called through ctypes) returns 0."""
-    code = ("from zerompi.comm import Communicator, MPI\nfrom zerompi import mpi_cuda\nCommunicator()\n"
+    code = ("from zerompi.comm import Communicator, MPI\nfrom zerompi.devices import mpi_cuda\nCommunicator()\n"
             "print(mpi_cuda.alloc_kinds(MPI)); print(mpi_cuda.mpi_library_path());"
             "print(mpi_cuda.query_mpix(mpi_cuda.mpi_library_path())); print(mpi_cuda.cuda_aware(MPI, {}))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

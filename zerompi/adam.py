@@ -26,15 +26,15 @@ chunk-sized scratch. The last line is computed in the equivalent form
 
 (the denominator multiplied through by sqrt(1 - beta2^t)), one pass fewer per chunk; the decay
 pass is skipped when weight decay is 0. What is left is 11-12 NumPy passes per chunk, through cache.
-On a GPU the whole update is one fused kernel (zerompi/devices/kernels.py): one read of g, p, m,
-v and one write of p, m, v, and no scratch.
+That is `adamw_chunked` below, which the CPU device runs (zerompi/devices/cpu.py). `AdamW.update`
+hands the arrays to its device (`device.adamw`): on a GPU the whole update is one fused kernel
+(zerompi/devices/gpu.py, zerompi/devices/kernels.py), one read of g, p, m, v and one write of p, m,
+v, and no scratch.
 """
 import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from .devices import kernels as gpu_kernels
 
 CHUNK = 65536
 
@@ -52,15 +52,14 @@ class AdamW:
 
     def __init__(self, numel, precision, config, ledger):
         self.config = config
+        self.device = ledger.device                      # where the state lives and the update runs
         dtype = precision.compute
         self.master = ledger.alloc("optimizer", "adam.master", (numel,), dtype) if precision.mixed else None
         self.m = ledger.alloc("optimizer", "adam.m", (numel,), dtype)
         self.v = ledger.alloc("optimizer", "adam.v", (numel,), dtype)
-        chunk = min(numel, CHUNK)
-        on_cpu = ledger.device.xp is np                  # the fused GPU kernel needs no scratch
-        self.scratch = ledger.alloc("work", "adam.scratch", (chunk,), dtype) if on_cpu else None
-        self.grad_scratch = (ledger.alloc("work", "adam.grad_scratch", (chunk,), dtype)   # 16-bit grads widened
-                             if precision.mixed and on_cpu else None)
+        # the device's work buffers for the update: on the CPU adamw_chunked's chunk scratch (and a
+        # second chunk for widening 16-bit gradients), ledgered as work; a GPU's fused kernel needs none
+        self.work = self.device.adamw_work(min(numel, CHUNK), precision, ledger.alloc)
         self.t = 0
 
     def begin_step(self):
@@ -73,34 +72,39 @@ class AdamW:
         decay = 1.0 - lr * c.weight_decay
         step_size = lr / (1.0 - c.beta1 ** self.t)
         sqrt_bias2 = math.sqrt(1.0 - c.beta2 ** self.t)
-        eps_scaled, step_scaled = c.eps * sqrt_bias2, step_size * sqrt_bias2
         master = param if self.master is None else self.master[state_slice]
         m, v = self.m[state_slice], self.v[state_slice]
-        if not isinstance(param, np.ndarray):        # a GPU: the same math in one fused kernel
-            gpu_kernels.adamw(grad, master, m, v, param, grad_multiplier, decay, c.beta1, c.beta2,
-                              step_size, sqrt_bias2, c.eps)
-            return
-        for lo in range(0, param.size, CHUNK):
-            hi = min(lo + CHUNK, param.size)
-            p, g, m_c, v_c = master[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi]
-            s = self.scratch[:hi - lo]
-            if self.grad_scratch is not None:        # 16-bit gradient: widen, then unscale / clip
-                g = np.multiply(g, grad_multiplier, out=self.grad_scratch[:hi - lo], dtype=p.dtype)
-            elif grad_multiplier != 1.0:
-                g *= grad_multiplier                 # in place: the gradient is not needed after this
-            if decay != 1.0:
-                p *= decay                      # p = p (1 - lr wd)
-            m_c *= c.beta1
-            np.multiply(g, 1.0 - c.beta1, out=s)
-            m_c += s                            # m = b1 m + (1 - b1) g
-            v_c *= c.beta2
-            np.multiply(g, g, out=s)
-            s *= 1.0 - c.beta2
-            v_c += s                            # v = b2 v + (1 - b2) g^2
-            np.sqrt(v_c, out=s)
-            s += eps_scaled                     # denom = sqrt(v) + eps sqrt(1 - b2^t)
-            np.divide(m_c, s, out=s)
-            s *= step_scaled
-            p -= s                              # p = p - lr sqrt(1 - b2^t) / (1 - b1^t) * m / denom
-            if self.master is not None:
-                param[lo:hi] = p                # round the fp32 master into the 16-bit parameters
+        self.device.adamw(param, grad, master, m, v, grad_multiplier, decay, step_size, sqrt_bias2, c, self.work)
+
+
+def adamw_chunked(param, grad, master, m, v, grad_multiplier, decay, step_size, sqrt_bias2, c, scratch,
+                  grad_scratch):
+    """The update in NumPy, in place, CHUNK elements at a time: param, grad, master, m, v (n,), master
+    being param itself in full precision; decay = 1 - lr wd, step_size = lr / (1 - beta1^t),
+    sqrt_bias2 = sqrt(1 - beta2^t), c the AdamConfig. scratch (CHUNK,) in the compute dtype, and
+    grad_scratch (CHUNK,) too for a 16-bit gradient (else None)."""
+    eps_scaled, step_scaled = c.eps * sqrt_bias2, step_size * sqrt_bias2
+    for lo in range(0, param.size, CHUNK):
+        hi = min(lo + CHUNK, param.size)
+        p, g, m_c, v_c = master[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi]
+        s = scratch[:hi - lo]
+        if grad_scratch is not None:            # 16-bit gradient: widen, then unscale / clip
+            g = np.multiply(g, grad_multiplier, out=grad_scratch[:hi - lo], dtype=p.dtype)
+        elif grad_multiplier != 1.0:
+            g *= grad_multiplier                # in place: the gradient is not needed after this
+        if decay != 1.0:
+            p *= decay                      # p = p (1 - lr wd)
+        m_c *= c.beta1
+        np.multiply(g, 1.0 - c.beta1, out=s)
+        m_c += s                            # m = b1 m + (1 - b1) g
+        v_c *= c.beta2
+        np.multiply(g, g, out=s)
+        s *= 1.0 - c.beta2
+        v_c += s                            # v = b2 v + (1 - b2) g^2
+        np.sqrt(v_c, out=s)
+        s += eps_scaled                     # denom = sqrt(v) + eps sqrt(1 - b2^t)
+        np.divide(m_c, s, out=s)
+        s *= step_scaled
+        p -= s                              # p = p - lr sqrt(1 - b2^t) / (1 - b1^t) * m / denom
+        if master is not param:
+            param[lo:hi] = p                # round the fp32 master into the 16-bit parameters

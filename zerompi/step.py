@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .devices.device import array_module, to_numpy
+from .devices.device import to_numpy
 from .ledger import METRICS
-from .precision import is_16bit
 
 
 @dataclass
@@ -76,7 +75,7 @@ def train_step(engine, micro_batches, global_batch, lr, loss_scale=1.0, max_grad
         # (layers + 2,): each layer's owned sum of squares, then this rank's loss and correct count
         sums = engine.step_sums                          # preallocated, float64, where the arrays live
         for u, grad in enumerate(stage.grad_partition()):
-            sums[u] = sum_of_squares(grad, mlp)
+            mlp.device.sum_of_squares(grad, sums[u:u + 1], mlp.work)   # sum of grad^2, in sums[u]
         sums[-2:] = step_totals
     engine.comm.allreduce_sum(sums, METRICS)
     host_sums = to_numpy(sums)                           # the step's one read from a GPU
@@ -95,21 +94,6 @@ def train_step(engine, micro_batches, global_batch, lr, loss_scale=1.0, max_grad
     return result
 
 
-def sum_of_squares(a, mlp):
-    """sum of x^2 over the 1-D array a, as a scalar where a lives. With the device's GEMM: a a^T as
-    a 1 x 1 GEMM into mlp.square_sum, reading 16-bit a as it is and accumulating in float32 (float64
-    for float64); the result is a view of that buffer, valid until the next call. With NumPy: a
-    dot, a 16-bit a first widened into mlp.grad_work (float32)."""
-    if mlp.gemm is not None:
-        mlp.gemm(a[None, :], a[None, :], mlp.square_sum, trans_b=True)
-        return mlp.square_sum[0, 0]
-    if is_16bit(a):
-        widened = mlp.grad_work[:a.size]
-        widened[...] = a
-        a = widened
-    return np.dot(a, a).astype(np.float64)
-
-
 def count_correct(engine, x, labels, batch_rows, num_chunks):
     """Correct predictions on this rank's rows, forward only, in num_chunks chunks of at most
     batch_rows rows. num_chunks must be the same on every rank: in stage 3 each forward is
@@ -118,6 +102,6 @@ def count_correct(engine, x, labels, batch_rows, num_chunks):
     for c in range(num_chunks):
         rows = slice(c * batch_rows, (c + 1) * batch_rows)
         logits = forward(engine, x[rows])
-        xp = array_module(logits)
+        xp = engine.mlp.device.xp
         correct += int(xp.count_nonzero(xp.argmax(logits, axis=1) == labels[rows]))
     return correct

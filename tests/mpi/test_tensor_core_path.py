@@ -1,10 +1,11 @@
-"""The GPU's matrix-multiply path (zerompi/model.py, zerompi/devices/gemm.py) without a GPU.
+"""The GPU device's arithmetic (zerompi/devices/gpu.py, zerompi/devices/gemm.py) without a GPU.
 
-The stand-in device with tensor_cores=True (tests/device_stand_in.py) makes the MLP compute as on
-a GPU: 16-bit operands (x_i, d_pre_i, d_logits) rounded once by the code that writes them, float32
-GEMM outputs, gradients accumulated in float32 inside the GEMM and rounded once into 16 bits.
-Every GEMM goes through cublas_arguments and a column-major GEMM that does what cuBLAS does with
-them. Run under mpirun at N = 1, 2, 3, 4, 8 with real collectives:
+The stand-in device StandInTensorCores (tests/device_stand_in.py) is the GPU device with NumPy
+stand-ins for cuBLAS and the fused kernels, so the MLP and Adam compute as on a GPU: 16-bit
+operands (x_i, d_pre_i, d_logits) rounded once by the code that writes them, float32 GEMM outputs,
+gradients accumulated in float32 inside the GEMM and rounded once into 16 bits, AdamW in the fused
+kernel's form. Every GEMM goes through cublas_arguments and a column-major GEMM that does what
+cuBLAS does with them. Run under mpirun at N = 1, 2, 3, 4, 8 with real collectives:
 
 - bf16 and fp16, every stage, with and without gradient accumulation: within the mixed tolerance
   of single-process AdamW (tests/mpi/test_equivalence.py's criterion for the CPU's mixed runs);
@@ -19,7 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from device_stand_in import StandInGPU
+from device_stand_in import StandInTensorCores
 from helpers import consolidated, make_batches, train_zero
 from test_equivalence import assert_mixed_run_matches_reference, micro_batches_for
 from zerompi.comm import Communicator
@@ -29,7 +30,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def gemm_comm():
-    return Communicator(device=StandInGPU(tensor_cores=True), mpi_reads_device_memory=False)
+    return Communicator(device=StandInTensorCores(), mpi_reads_device_memory=False)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -42,10 +43,11 @@ def test_16bit_gemm_path_matches_single_process_adamw(stage, dtype, accumulate):
     batches = make_batches(SIZES, 3)
     engine = assert_mixed_run_matches_reference(stage, SIZES, dtype, batches, k, gemm_comm())
     mlp = engine.mlp
-    assert mlp.param_work is None and mlp.grad_work is None      # nothing widened, nothing added outside the GEMM
+    work = [name for kind, name, *_ in engine.memory.buffers if kind == "work"]
+    assert "mlp.param_work" not in work and "mlp.grad_work" not in work   # nothing widened, nothing added outside the GEMM
+    assert "mlp.ones" in work and "mlp.square_sum" in work and "adam.scratch" not in work
     assert all(x.dtype == dtype for x in mlp.x) and all(d.dtype == dtype for d in mlp.d_pre)
     assert mlp.d_logits.dtype == dtype and all(p.dtype == np.float32 for p in mlp.pre)
-    assert ("work", "mlp.ones") in [(kind, name) for kind, name, *_ in engine.memory.buffers]
 
 
 @pytest.mark.mpi(min_size=1)

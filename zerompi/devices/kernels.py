@@ -2,7 +2,8 @@
 
 On the CPU, zerompi/layers.py and zerompi/adam.py write each formula as a chain of in-place NumPy
 passes over cache-sized pieces. On a GPU each pass would be a kernel launch and a full trip through
-device memory, so each formula is one kernel here, with the same math:
+device memory, so each formula is one kernel here, with the same math (the GPU device calls them,
+zerompi/devices/gpu.py):
 
     add_bias        y += bias (each row)                                reads bias;     updates y
     gelu_forward    y = x/2 (1 + t),  t = tanh(c (x + a x^3))          reads x;        writes y, t
@@ -18,7 +19,7 @@ device memory, so each formula is one kernel here, with the same math:
 Kernels are compiled by CuPy on first use (CuPy is imported only then: this module loads on
 machines without it). T is the compute dtype (float32/float64), G the gradient's storage dtype,
 P the parameters' (16-bit in mixed precision). The outputs Y of gelu_forward and D of
-gelu_backward are what the next matrix multiply reads (zerompi/model.py): T, or in mixed precision
+gelu_backward are what the next matrix multiply reads (zerompi/model.py's operands): T, or in mixed precision
 16 bits, rounded once as the kernel writes them, so feeding the tensor cores costs no extra pass.
 A 16-bit bias (B) and 16-bit gradients (G) are widened as they are read.
 
