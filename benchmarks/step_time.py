@@ -5,7 +5,7 @@
         [--overlap off,on] [--bucket-mb 25] [--prefetch 1] [--peers ddp,zero,fsdp|none] [--json PATH]
 
 Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shapes):
-  zerompi   per stage, with overlap off and on (zerompi/overlap.py): build_engine,
+  zerompi   per stage, with overlap off and on (zerompi/overlap/): build_engine,
             init_params(0), random data per rank, `warmup` steps. Then `repeats` rounds; in each,
             every (stage, overlap) row in turn: Barrier, `steps` train_steps, the last one's
             communication finished. A round's time is the max over ranks of its mean step time; we

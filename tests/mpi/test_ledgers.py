@@ -45,7 +45,7 @@ class CountingComm:
         return self.real.Allgather(send, recv)
 
     def Dup(self):
-        """The communication thread's duplicate (zerompi/overlap.py) counts into the same tallies."""
+        """The communication thread's duplicate (zerompi/overlap/thread.py) counts into the same tallies."""
         dup = CountingComm(self.real.Dup())
         dup.calls, dup.elements = self.calls, self.elements
         return dup
