@@ -4,7 +4,7 @@ MPI still starts the job and bootstraps NCCL:
 
     rank 0:     uid = nccl.get_unique_id()          (128 bytes naming the new NCCL communicator)
     all ranks:  MPI broadcast of uid from rank 0
-    all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/devices/device.py)
+    all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/devices/choice.py)
 
 Then the three transport methods run on NCCL, on CuPy's default stream, reading and writing
 device memory directly (no host staging, no MPI). Everything else stays with the parent class:

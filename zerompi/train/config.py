@@ -182,7 +182,7 @@ def build_parser(rank=0):
 
 def device_choice(argv):
     """--device from the command line, or from the TOML file --config names, read before MPI
-    starts (zerompi/devices/device.py says why); any problem reads as the default, and the full parse
+    starts (zerompi/devices/choice.py says why); any problem reads as the default, and the full parse
     reports it later."""
     peek = _Parser(rank=None, add_help=False)
     peek.add_argument("--device")

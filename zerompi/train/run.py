@@ -258,7 +258,7 @@ def end_trace(cfg, comm, engine, tracer):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/device.py.
+    # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py.
     device, device_error = select_device(device_choice(argv), os.environ)
     comm = Communicator(device=device)
     try:
