@@ -6,7 +6,8 @@ never from a formula. The report then prints these counts beside the formulas of
 
 MemoryLedger: every buffer of the training state is allocated through `alloc`, by kind:
     params, grads, optimizer   the model state that ZeRO partitions (compared with the formulas)
-    work                       one-layer buffers (stage 2-3 gradient bucket and parameter gather,
+    work                       one-layer buffers (stages 2-3: the layer gradient buffer; stage 3:
+                               the parameter gather;
                                float32 staging for 16-bit reductions and compute; stage 0's
                                staging holds a gradient bucket), Adam's chunk scratch, --overlap's
                                second buffers, pinned host staging on a GPU, the GPU GEMMs' row of
@@ -17,8 +18,9 @@ MemoryLedger: every buffer of the training state is allocated through `alloc`, b
 Nothing is allocated or freed inside the training loop, so the live total is also the peak. The
 OS-measured peak resident set size (getrusage) is reported beside it.
 
-CommLedger: every collective records its operation, its purpose (grads, params, metrics, control, io),
-the bytes of the buffer handed to MPI, the per-rank ring volume, and its wall time.
+CommLedger: every collective records its operation, its purpose (GRADS, PARAMS, METRICS, CONTROL,
+IO below), the bytes of the buffer handed to MPI, the per-rank ring volume, and its wall time;
+its `listeners` (the tracer, zerompi/observe/trace.py) hear of each one.
 Ring volume per rank for a buffer of n elements over N ranks (the standard ring algorithms):
     reduce-scatter  n (N-1)/N        all-gather  n (N-1)/N        all-reduce  2 n (N-1)/N
 It counts what the ring algorithm moves for these calls; MPI may pick another algorithm on the wire.
