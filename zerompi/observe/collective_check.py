@@ -25,9 +25,10 @@ import numpy as np
 
 MISMATCH = 5                        # exit status when ranks disagree on a collective
 DESCRIPTION_BYTES = 256             # fixed width of the text exchanged on a mismatch
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIPPED_FILES = {os.path.join(_PACKAGE_PARENT, "zerompi", "comm.py"),
-                  os.path.join(_PACKAGE_PARENT, "zerompi", "overlap.py"), os.path.abspath(__file__)}
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))        # .../zerompi
+_PACKAGE_PARENT = os.path.dirname(_PACKAGE)                                     # call sites are relative to it
+_SKIPPED_FILES = {os.path.abspath(__file__)} | {os.path.join(_PACKAGE, *path) for path in
+                  (("comm.py",), ("overlap.py",))}
 
 
 def call_site():
