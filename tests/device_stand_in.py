@@ -1,10 +1,11 @@
 """A GPU stand-in for machines without one: NumPy arrays posing as device memory.
 
-The arrays are an ndarray subclass (`DeviceArray`), so NumPy computes on them on the CPU, but
-zerompi/comm.py sees memory that the device `holds`: with
-`mpi_reads_device_memory=False` every collective on it goes through the pinned-host staging path,
-with True it goes to MPI directly after a `synchronize`. The counters say what happened. (mpi4py's
-own tests use the same trick: host memory behind a device-array interface.)
+The arrays are an ndarray subclass (`DeviceArray`), so every computation runs on the CPU exactly as
+on the CPU device, but the communicator's device transport (zerompi/devices/staging.py) sees memory
+that the device `holds`: with `mpi_reads_device_memory=False` every collective on it goes through
+the pinned-host staging path, with True it goes to MPI directly after a `synchronize`. The counters
+say what happened. (mpi4py's own tests use the same trick: host memory behind a device-array
+interface.)
 
 `StandInGPU()` computes as the CPU device does (NumPy on those arrays): only the memory is a GPU's.
 `StandInTensorCores()` also computes as the GPU device does: it is zerompi/devices/gpu.py's

@@ -6,8 +6,7 @@ never from a formula. The report then prints these counts beside the formulas of
 
 MemoryLedger: every buffer of the training state is allocated through `alloc`, by kind:
     params, grads, optimizer   the model state that ZeRO partitions (compared with the formulas)
-    work                       one-layer buffers (stages 2-3: the layer gradient buffer; stage 3:
-                               the parameter gather;
+    work                       one-layer buffers (stage 2-3 gradient bucket and parameter gather,
                                float32 staging for 16-bit reductions and compute; stage 0's
                                staging holds a gradient bucket), Adam's chunk scratch, --overlap's
                                second buffers, pinned host staging on a GPU, the GPU GEMMs' row of
@@ -18,9 +17,9 @@ MemoryLedger: every buffer of the training state is allocated through `alloc`, b
 Nothing is allocated or freed inside the training loop, so the live total is also the peak. The
 OS-measured peak resident set size (getrusage) is reported beside it.
 
-CommLedger: every collective records its operation, its purpose (GRADS, PARAMS, METRICS, CONTROL,
-IO below), the bytes of the buffer handed to MPI, the per-rank ring volume, and its wall time;
-its `listeners` (the tracer, zerompi/observe/trace.py) hear of each one.
+CommLedger: every collective records its operation, its purpose (GRADS, PARAMS, METRICS, IO below),
+the bytes of the buffer handed to MPI, the per-rank ring volume, and its wall time; then it tells
+its `listeners` (--trace draws each collective as a span from them, zerompi/observe/trace.py).
 Ring volume per rank for a buffer of n elements over N ranks (the standard ring algorithms):
     reduce-scatter  n (N-1)/N        all-gather  n (N-1)/N        all-reduce  2 n (N-1)/N
 It counts what the ring algorithm moves for these calls; MPI may pick another algorithm on the wire.
@@ -32,10 +31,20 @@ from collections import defaultdict
 from .devices.device import CPU
 
 MEMORY_KINDS = ("params", "grads", "optimizer", "work", "activations")
-# purposes of collectives: what their bytes are for (the report sums GRADS and PARAMS, the
-# training traffic that the formulas count)
-GRADS, PARAMS, METRICS, CONTROL, IO = "grads", "params", "metrics", "control", "io"
-RING_FACTOR = {"reduce_scatter": 1, "allgather": 1, "allreduce": 2}
+
+# what a collective is for: the ledger counts training traffic by purpose
+GRADS = "grads"                  # gradient reductions
+PARAMS = "params"                # parameter all-gathers
+METRICS = "metrics"              # the step's sums (loss, correct, gradient norms), held-out accuracy
+IO = "io"                        # stage 3 gathering parameters outside the step (weights files)
+# purposes of messages that are guarded (zerompi/observe/guards.py) but not ledgered (zerompi/control.py)
+CONTROL = "control"              # errors and verdicts every rank must agree on
+BOOKKEEPING = "bookkeeping"      # the end-of-run report, checkpoint manifests
+LAUNCH = "launch"                # launch checks (ranks per node)
+
+# the ledgered operations, and how many times the ring moves the buffer for each
+ALLREDUCE, REDUCE_SCATTER, ALLGATHER = "allreduce", "reduce_scatter", "allgather"
+RING_FACTOR = {REDUCE_SCATTER: 1, ALLGATHER: 1, ALLREDUCE: 2}
 
 
 class MemoryLedger:
@@ -68,23 +77,27 @@ class MemoryLedger:
 
 class CommLedger:
     """Written by the main thread and, with --overlap on, by the communication thread: a lock
-    keeps each record whole and each reading consistent."""
+    keeps each record whole and each reading consistent. Listeners run in the recording thread,
+    outside the lock."""
 
     def __init__(self):
         # (op, purpose) -> [calls, ring bytes, ring elements, seconds]
         self.entries = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
         self.lock = threading.Lock()
-        self.listeners = []        # callables (op, purpose, nbytes, start, end), e.g. the tracer
+        self.listeners = []      # listener(op, purpose, nbytes, start, end), called for every record
 
-    def record(self, op, purpose, buffer, num_ranks, seconds):
-        """Record one collective on `buffer` (the full-size side: n elements for all ranks)."""
+    def record(self, op, purpose, buffer, num_ranks, start, end):
+        """Record one collective on `buffer` (the full-size side: n elements for all ranks) that
+        ran from start to end (time.perf_counter() seconds)."""
         ring = RING_FACTOR[op] * (num_ranks - 1) / num_ranks
         with self.lock:
             entry = self.entries[(op, purpose)]
             entry[0] += 1
             entry[1] += ring * buffer.nbytes
             entry[2] += ring * buffer.size
-            entry[3] += seconds
+            entry[3] += end - start
+        for listener in self.listeners:
+            listener(op, purpose, buffer.nbytes, start, end)
 
     def purposes(self):
         with self.lock:

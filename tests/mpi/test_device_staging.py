@@ -1,5 +1,6 @@
 """Device memory through MPI, without a GPU: the stand-in device (tests/device_stand_in.py) makes
-zerompi/comm.py take its GPU code paths with real MPI collectives on host memory.
+the communicator take its GPU code paths (zerompi/devices/staging.py) with real MPI collectives on
+host memory.
 
 - staging (MPI not CUDA-aware): every stage, 16-bit included, with and without gradient
   accumulation, must give bitwise the weights of the plain CPU run; every collective on device
@@ -53,7 +54,7 @@ def test_staged_collectives_match_the_cpu_bitwise(stage, dtype, k):
     engine, results, weights = train(stage, dtype, k, device, cuda_aware=False)
     assert_same(weights, cpu_weights)
     assert [r.loss for r in results] == [r.loss for r in cpu_results]
-    assert engine.comm.stages_through_host and engine.comm.host_staging is not None
+    assert engine.comm.transport.stages_through_host and engine.comm.transport.host_staging is not None
     buckets = engine.stage.buckets if stage == 0 else [[layer] for layer in engine.layout.layers]
     largest = max(sum(layer.padded for layer in b) for b in buckets) * engine.stage.precision.compute.itemsize
     assert device.pinned == [max(largest, engine.step_sums.nbytes)]      # stage 0: a bucket, else a layer
@@ -70,7 +71,7 @@ def test_cuda_aware_collectives_take_device_memory_after_a_synchronize(stage):
     device = StandInGPU()
     engine, _, weights = train(stage, "float32", 1, device, cuda_aware=True)
     assert_same(weights, cpu_weights)
-    assert engine.comm.host_staging is None and device.pinned == []
+    assert engine.comm.transport.host_staging is None and device.pinned == []
     assert device.to_host == device.from_host == 0
     # the consolidation in `train` gathers too (stage 3): count those as well
     io_calls = sum(calls for (op, purpose), (calls, *_) in engine.comm.ledger.entries.items() if purpose == "io")

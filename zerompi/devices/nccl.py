@@ -6,11 +6,13 @@ MPI still starts the job and bootstraps NCCL:
     all ranks:  MPI broadcast of uid from rank 0
     all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/devices/choice.py)
 
-Then the three transport methods run on NCCL, on CuPy's default stream, reading and writing
-device memory directly (no host staging, no MPI). Everything else stays with the parent class:
-widening 16-bit reductions to float32, gradient accumulation, the ledger, and every control and
-bookkeeping message (errors, checkpoint manifests, the report) on MPI. Host arrays (the held-out
-accuracy count) also go through MPI.
+Then the three transport methods (sum_all, sum_scatter, gather_all) run on NCCL, on CuPy's default
+stream, reading and writing device memory directly (no host staging, no MPI). NcclTransport extends
+the device transport (zerompi/devices/staging.py) rather than replacing it: host arrays (the
+held-out accuracy count) still take its path to MPI. Everything else stays with the Communicator:
+widening 16-bit reductions to float32, gradient accumulation, the ledger, the guards, and every
+control and bookkeeping message (errors, checkpoint manifests, the report) on MPI.
+NcclCommunicator is a Communicator that builds this transport, nothing more.
 
 In-place forms differ from MPI's, so each is spelled out:
     reduce-scatter in place: NCCL leaves rank r's result at block r (MPI: at the front), so it is
@@ -24,30 +26,37 @@ not done here).
 import numpy as np
 
 from ..comm import Communicator
+from .staging import DeviceTransport
 
 
 class NcclCommunicator(Communicator):
     def __init__(self, mpi_comm=None, device=None):
         super().__init__(mpi_comm, device, mpi_reads_device_memory=True)   # NCCL: never staged
+        self.transport = NcclTransport(self.transport.mpi_transport, self.device, self.rank, self.size,
+                                       self.staging)
+
+
+class NcclTransport(DeviceTransport):
+    def __init__(self, mpi_transport, device, rank, size, staging):
+        super().__init__(mpi_transport, device, rank, size, True, "NCCL", staging)
         from cupy.cuda import nccl
         self.nccl_module = nccl
         self.nccl = self._bootstrap()
-        self.cuda_aware_how = "NCCL"
 
     def _bootstrap(self):
-        """A new NCCL communicator over this communicator's ranks (collective)."""
+        """A new NCCL communicator over this transport's ranks (collective, on MPI)."""
         uid = self.nccl_module.get_unique_id() if self.rank == 0 else None
-        uid = self.mpi.bcast(uid, root=0)
+        uid = self.mpi_transport.mpi.bcast(uid, root=0)
         return self.nccl_module.NcclCommunicator(self.size, uid, self.rank)
 
-    def duplicate(self):
+    def duplicate(self, mpi):
         """The --overlap communication thread's twin gets its own NCCL communicator too: the two
         threads must never share one."""
-        twin = super().duplicate()
+        twin = super().duplicate(mpi)
         twin.nccl = twin._bootstrap()
         return twin
 
-    def describe_transport(self):
+    def describe(self):
         return "collectives on NCCL (bootstrapped over MPI), device memory directly"
 
     def _nccl_type(self, array):
@@ -56,20 +65,20 @@ class NcclCommunicator(Communicator):
 
     def _stream(self):
         """CuPy's default (null) stream, where zerompi's kernels run: the same from any host thread
-        (the communication thread of --overlap on included; NCCL selects the device itself)."""
+        (the communication thread of --overlap included; NCCL selects the device itself)."""
         return self.device.xp.cuda.Stream.null
 
-    def _sum_all(self, buf):
+    def sum_all(self, buf):
         if not self.device.holds(buf):
-            return super()._sum_all(buf)
+            return super().sum_all(buf)
         stream = self._stream()
         self.nccl.allReduce(buf.data.ptr, buf.data.ptr, buf.size, self._nccl_type(buf),
                             self.nccl_module.NCCL_SUM, stream.ptr)
         self.device.synchronize()
 
-    def _sum_scatter(self, send, recv):
+    def sum_scatter(self, send, recv):
         if not self.device.holds(send):
-            return super()._sum_scatter(send, recv)
+            return super().sum_scatter(send, recv)
         m, stream = send.size // self.size, self._stream()
         out = recv if recv is not None else send[self.rank * m:(self.rank + 1) * m]   # NCCL's in place
         self.nccl.reduceScatter(send.data.ptr, out.data.ptr, m, self._nccl_type(send),
@@ -78,9 +87,9 @@ class NcclCommunicator(Communicator):
             send[:m] = out                                 # to the front, as MPI leaves it
         self.device.synchronize()
 
-    def _gather_all(self, full, shard):
+    def gather_all(self, full, shard):
         if not self.device.holds(full):
-            return super()._gather_all(full, shard)
+            return super().gather_all(full, shard)
         m, stream = full.size // self.size, self._stream()
         source = shard if shard is not None else full[self.rank * m:(self.rank + 1) * m]
         # bytes: 16-bit words and floats alike (a gather only copies)

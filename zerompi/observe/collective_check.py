@@ -2,7 +2,8 @@
 
 Ranks that disagree on a collective (another kind, another size, another dtype, or a rank that
 skipped one) hang, or worse, silently mix unrelated buffers: the class of hang ZeRO users report
-most. With the check on, zerompi/comm.py precedes every collective with one small all-gather:
+most. With the check on, the guards (zerompi/observe/guards.py) precede every collective with one
+small all-gather:
 
     header (4,) int64 = [kind, elements, crc32(dtype name), crc32(call site)]
     all-gather: table (N, 4), the same on every rank; all rows equal -> go on
@@ -11,7 +12,8 @@ On the first disagreement every rank holds the same table, so all of them take t
 step: an all-gather of each rank's description, `allreduce of 1,234 float32 (grads) at
 zerompi/stages/stage0.py:40`, as fixed-width text; the lowest rank prints one line naming each
 side, and every rank exits with status ExitCode.COLLECTIVE_MISMATCH (zerompi/exit_codes.py). The
-call site is the first frame outside the communicator (sys._getframe, only while the check is on).
+call site is the first frame outside the communicator, its control messages, the guards and the
+collectives (sys._getframe, only while the check is on).
 Cost: one latency-bound all-gather of 32 N bytes per collective, and a stack walk.
 
 A rank that calls no collective at all while the others do is caught by --collective-timeout
@@ -24,13 +26,16 @@ import zlib
 import numpy as np
 
 DESCRIPTION_BYTES = 256             # fixed width of the text exchanged on a mismatch
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_SKIPPED_FILES = {os.path.join(_PACKAGE_PARENT, "zerompi", *path) for path in (
-    ("comm.py",), ("collectives.py",), ("overlap", "thread.py"), ("overlap", "prefetch.py"))} | {os.path.abspath(__file__)}
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))        # .../zerompi
+_PACKAGE_PARENT = os.path.dirname(_PACKAGE)                                     # call sites are relative to it
+_SKIPPED_FILES = {os.path.abspath(__file__)} | {os.path.join(_PACKAGE, *path) for path in
+                  (("comm.py",), ("control.py",), ("collectives.py",), ("overlap", "thread.py"),
+                   ("overlap", "prefetch.py"), ("observe", "guards.py"))}
 
 
 def call_site():
-    """'zerompi/stages/stage0.py:40': the first caller outside the communicator and this module."""
+    """'zerompi/stages/stage0.py:40': the first caller outside the communicator (comm.py, control.py,
+    overlap.py), the guards and this module."""
     frame = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename) in _SKIPPED_FILES:
         frame = frame.f_back
@@ -47,7 +52,7 @@ def _crc(text):
 
 
 class CollectiveCheck:
-    """The header of the next collective and the table of everyone's; comm.py does the exchanges."""
+    """The header of the next collective and the table of everyone's; guards.py does the exchanges."""
 
     def __init__(self, rank, size):
         self.rank = rank

@@ -4,12 +4,12 @@ A rank that stops (SIGSTOP, a debugger, a stuck file system) or dies under a lau
 clean up (srun without --kill-on-bad-exit) leaves every other rank waiting in its next collective,
 forever: MPI collectives have no timeout. The watchdog gives them one.
 
-    the thread that calls a collective, around it (zerompi/comm.py):
+    the thread that calls a collective, around it (zerompi/observe/guards.py):
         watchdog.enter(kind, purpose, buffer)     one attribute write and a time stamp
         ...MPI call...
         watchdog.leave()
     one daemon thread per communicator, started once (two with --overlap on: the communication
-    thread's communicator has its own, see Communicator.duplicate):
+    thread's communicator has its own, see Guards.duplicate):
         every `poll` seconds: if a collective entered more than `limit` seconds ago has not left,
         print which one and which rank waited, and MPI_Abort the job (exit status ExitCode.COLLECTIVE_TIMEOUT)
 
