@@ -38,7 +38,7 @@ to 16 bits once (zerompi/precision.py says why); all-gathers move the 16-bit wor
 The ledger records the buffer that actually went to MPI, so its bytes show the widened reductions.
 
 MPI is initialized when the first Communicator is built, not when this module is imported, so
-that zerompi/devices/device.py can choose the GPU first.
+that zerompi/devices/choice.py can choose the GPU first.
 """
 import atexit
 import copy
@@ -206,7 +206,7 @@ class Communicator(ControlMessages):
 
     @property
     def check(self):
-        """--check-collectives' CollectiveCheck, or None (zerompi/overlap.py hands it call sites)."""
+        """--check-collectives' CollectiveCheck, or None (zerompi/overlap/thread.py hands it call sites)."""
         return self.guards.check
 
     def describe_transport(self):
@@ -215,7 +215,7 @@ class Communicator(ControlMessages):
 
     def duplicate(self):
         """A Communicator on a duplicate of this MPI communicator (MPI_Comm_dup) that shares this
-        one's ledger and staging buffers: for the communication thread (zerompi/overlap.py), whose
+        one's ledger and staging buffers: for the communication thread (zerompi/overlap/thread.py), whose
         collectives must never interleave with this thread's on one communicator. The pinned host
         staging and the guards are its own: both threads may be in a collective at the same moment."""
         twin = copy.copy(self)

@@ -76,7 +76,7 @@ class MemoryLedger:
 
 
 class CommLedger:
-    """Written by the main thread and, with --overlap on, by the communication thread: a lock
+    """Written by the main thread and, with --overlap, by the communication thread: a lock
     keeps each record whole and each reading consistent. Listeners run in the recording thread,
     outside the lock."""
 

@@ -25,7 +25,7 @@ micro-batches 2..K add to them inside the GEMM. So no weight is widened and no g
 through a work buffer: the only work buffers are a row of ones (db = 1^T d_pre) and the 1 x 1 sum.
 
 Kernels run on CuPy's default stream; `synchronize` waits for everything queued on this device (not
-"the current stream": the current device and stream are per host thread, and with --overlap on the
+"the current stream": the current device and stream are per host thread, and with --overlap the
 communication thread is the one that asks), which comm.py does before handing device memory to MPI.
 
 `gemm` and `kernels` are class attributes, so that tests without a GPU (tests/device_stand_in.py)

@@ -34,8 +34,8 @@ _SKIPPED_FILES = {os.path.abspath(__file__)} | {os.path.join(_PACKAGE, *path) fo
 
 
 def call_site():
-    """'zerompi/stages/stage0.py:40': the first caller outside the communicator (comm.py, control.py,
-    overlap.py), the guards and this module."""
+    """'zerompi/stages/stage0.py:40': the first caller outside the communicator (comm.py, control.py),
+    the collectives (collectives.py, overlap/), the guards and this module."""
     frame = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename) in _SKIPPED_FILES:
         frame = frame.f_back

@@ -8,7 +8,7 @@ forever: MPI collectives have no timeout. The watchdog gives them one.
         watchdog.enter(kind, purpose, buffer)     one attribute write and a time stamp
         ...MPI call...
         watchdog.leave()
-    one daemon thread per communicator, started once (two with --overlap on: the communication
+    one daemon thread per communicator, started once (two with --overlap: the communication
     thread's communicator has its own, see Guards.duplicate):
         every `poll` seconds: if a collective entered more than `limit` seconds ago has not left,
         print which one and which rank waited, and MPI_Abort the job (exit status ExitCode.COLLECTIVE_TIMEOUT)
