@@ -183,7 +183,8 @@ def device_ops_correctness(device, report):
     tanh, not NumPy's: equal to a few float32 ulps, then one 16-bit rounding in mixed precision."""
     from zerompi.adam import AdamConfig
     from zerompi.devices.cpu import CPU
-    from zerompi.devices.device import check_device, to_numpy
+    from zerompi.devices.choice import check_device
+    from zerompi.devices.device import to_numpy
     from zerompi.precision import precision_for
     B, I, O = 6, 5, 4
     ok = True
@@ -252,7 +253,7 @@ def nccl_available():
 def transport():
     """The CUDA-awareness verdict as a run under mpirun sees it (not this process: it starts no
     MPI before the runs above, which mpirun launches)."""
-    code = ("import os; from zerompi.devices.device import select_device; from zerompi.comm import Communicator; "
+    code = ("import os; from zerompi.devices.choice import select_device; from zerompi.comm import Communicator; "
             "print(Communicator(device=select_device('gpu', os.environ)[0]).describe_transport())")
     result = subprocess.run([mpirun(), "-n", "1", sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=TIMEOUT)
@@ -314,7 +315,7 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    from zerompi.devices.device import check_device, select_device
+    from zerompi.devices.choice import check_device, select_device
     device, error = select_device("gpu", os.environ)
     if error:
         report(f"SKIPPED: {error}")

@@ -2,7 +2,7 @@
 
     1. single-process tests:              python -m pytest tests          (MPI tests skip)
     2. multi-rank tests, for N in 1 2 3 4 8:
-                                          mpirun -n N python tests/mpi_launch.py --with-mpi tests/mpi
+                                          mpirun -n N python tests/support/mpi_launch.py --with-mpi tests/mpi
 
 Each run has a wall-clock limit; a run that exceeds it is killed with its whole process group and
 counts as failed. The last line sums the pytest counts of all runs ("all: P passed, F failed").
@@ -76,7 +76,7 @@ class _Deadline:
 def main():
     runs = [("single-process", [sys.executable, "-m", "pytest", "-q", "tests"])]
     for n in RANK_COUNTS:
-        runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/mpi_launch.py",
+        runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
                                     "-q", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"]))
     totals = [run(name, command) for name, command in runs]
     passed = sum(t[0] for t in totals)

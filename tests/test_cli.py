@@ -382,7 +382,7 @@ def test_same_flags_twice_give_bitwise_identical_weights_and_losses(tmp_path):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_overlap_on_and_off_save_bitwise_identical_weights(stage, tmp_path):
     """The communication thread changes when collectives run, never what they compute
-    (tests/mpi/test_overlap.py checks it for every N, dtype and setting; this is the command line)."""
+    (tests/mpi/test_overlap_is_bitwise_identical.py checks it for every N, dtype and setting; this is the command line)."""
     flags = ["--stage", stage, "--steps", 6, "--hidden", "16,9", "--batch-size", 24, "--grad-accum", 2,
              "--log-every", 0, "--report", "none", "--bucket-mb", 0]
     train_ok(3, *flags, "--no-overlap", "--save-weights", "off.npz", cwd=tmp_path)

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from zerompi.devices import mpi_cuda
-from zerompi.devices.device import CPU, GPU, array_module, check_device, local_rank, select_device, take, to_numpy
+from zerompi.devices.choice import check_device, local_rank, select_device
+from zerompi.devices.cpu import CPU
+from zerompi.devices.device import array_module, take, to_numpy
+from zerompi.devices.gpu import GPU
 
 
 def fake_cupy(count, raise_on_count=None):

@@ -2,7 +2,7 @@
 and the GPU's against the CPU's, without a GPU.
 
 The GPU's methods run as they are, with NumPy stand-ins for cuBLAS and the fused kernels
-(tests/device_stand_in.py: StandInTensorCores). Inputs are small integers, so that every product
+(tests/support/device_stand_in.py: StandInTensorCores). Inputs are small integers, so that every product
 and sum is exact in float32: the CPU's widening path and the GPU's 16-bit GEMM path must then agree
 bitwise, roundings into 16 bits included, and a transposed operand, a missing bias or a dropped
 accumulation is an exact mismatch, not a tolerance question.

@@ -1,6 +1,6 @@
 """Real faults on one rank of a real `mpirun` job: the job ends, once, clearly, in bounded time.
 
-tests/fault_driver.py runs the real zerompi.train and, at one step, on chosen ranks only: raises an
+tests/support/fault_driver.py runs the real zerompi.train and, at one step, on chosen ranks only: raises an
 exception, SIGKILLs or SIGSTOPs its own process, puts an inf in its input rows, or a NaN in one
 layer's gradient. Each test asserts the exit status, that the report is one line printed once,
 that it names what it should (rank, collective, step, layer), and that no process is left behind.
@@ -13,7 +13,7 @@ import pytest
 
 from test_cli import ERROR_MARK, launch, load_weights, train_ok
 
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_driver.py")
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "fault_driver.py")
 TINY = ["--steps", 20, "--hidden", 8, "--batch-size", 12, "--log-every", 0, "--report", "none"]
 
 

@@ -1,7 +1,7 @@
 """zerompi/devices/gemm.py without a GPU: the row-major to column-major bookkeeping handed to cuBLAS.
 
 cublas_arguments turns c = op(a) @ op(b) on row-major arrays into cublasGemmEx's arguments.
-Replayed by a column-major GEMM written out in NumPy (tests/device_stand_in.py: what cuBLAS does
+Replayed by a column-major GEMM written out in NumPy (tests/support/device_stand_in.py: what cuBLAS does
 with those arguments), every transpose combination and shape must give NumPy's matmul; a swapped
 operand, transpose flag or leading dimension gives another matrix or reads out of place.
 

@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def no_gpu_reason():
-    code = "import os; from zerompi.devices.device import select_device; print(select_device('gpu', os.environ)[1] or '')"
+    code = "import os; from zerompi.devices.choice import select_device; print(select_device('gpu', os.environ)[1] or '')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.strip()
     return out
 

@@ -26,7 +26,7 @@ def test_a_failure_on_one_rank_aborts_the_job(tmp_path):
     (tmp_path / "conftest.py").write_text(open(os.path.join(HERE, "mpi", "conftest.py")).read())
     (tmp_path / "test_fails.py").write_text(FAILS_ON_RANK_1)
     start = time.time()
-    result = subprocess.run([mpirun(), "-n", "2", sys.executable, os.path.join(HERE, "mpi_launch.py"),
+    result = subprocess.run([mpirun(), "-n", "2", sys.executable, os.path.join(HERE, "support", "mpi_launch.py"),
                              "-q", "--with-mpi", "-p", "no:cacheprovider",
                              str(tmp_path / "test_fails.py")],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)

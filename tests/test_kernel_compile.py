@@ -1,4 +1,4 @@
-"""tests/kernel_compile_check.py: every GPU kernel compiles with NVRTC for every --dtype. Needs
+"""tests/support/kernel_compile_check.py: every GPU kernel compiles with NVRTC for every --dtype. Needs
 CuPy and NVRTC (no GPU); skips, saying which is missing, elsewhere (CI installs neither: the
 CuPy and CUDA wheels are about 500 MB)."""
 import importlib

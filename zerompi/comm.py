@@ -51,7 +51,7 @@ from mpi4py import MPI                # noqa: E402
 import numpy as np                    # noqa: E402
 
 from .control import ControlMessages                # noqa: E402
-from .devices.device import CPU                     # noqa: E402
+from .devices.cpu import CPU                        # noqa: E402
 from .devices.mpi_cuda import cuda_aware            # noqa: E402
 from .devices.staging import DeviceTransport        # noqa: E402
 from .ledger import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommLedger   # noqa: E402

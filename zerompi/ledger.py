@@ -28,7 +28,7 @@ import resource
 import threading
 from collections import defaultdict
 
-from .devices.device import CPU
+from .devices.cpu import CPU
 
 MEMORY_KINDS = ("params", "grads", "optimizer", "work", "activations")
 

@@ -1,4 +1,4 @@
-"""Multi-rank tests: run under `mpirun -n N python tests/mpi_launch.py --with-mpi tests/mpi`.
+"""Multi-rank tests: run under `mpirun -n N python tests/support/mpi_launch.py --with-mpi tests/mpi`.
 
 A failing assert on one rank would leave the others waiting in their next collective forever.
 So when a test fails on any rank, that rank prints its report and calls MPI_Abort, which ends

@@ -8,8 +8,10 @@ from zerompi.engine import build_engine
 from zerompi.overlap import OverlapConfig
 from zerompi.precision import precision_for
 from zerompi.step import train_step
+from reference import adamw_train, initial_weights
 
 GLOBAL_BATCH = 24          # divisible by every N tested: 1, 2, 3, 4, 8
+STEPS = 3                  # steps of the equivalence runs
 LR, WEIGHT_DECAY = 1e-2, 0.1
 
 
@@ -57,3 +59,36 @@ def consolidated(engine):
         weight, bias = layer.views(full_layer_params(engine.stage, layer))
         layers.append((weight.astype(np.float64), bias.astype(np.float64)))
     return layers
+
+
+def reference(sizes, dtype, batches, **kwargs):
+    storage = dtype if np.dtype(dtype).itemsize == 2 else None
+    initial = initial_weights(sizes, 0, np.float64 if storage else dtype)
+    layers, _, norms = adamw_train(initial, batches, LR, WEIGHT_DECAY, storage=storage, **kwargs)
+    return [(w.astype(np.float64), b.astype(np.float64)) for w, b in layers], norms
+
+
+def assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches=1, comm=None):
+    """A bf16/fp16 run (fp16: loss scale 1024, a power of two: exact to unscale) applies every step
+    and ends within the mixed tolerance of the reference; returns its engine."""
+    loss_scale = 1024.0 if dtype == np.float16 else 1.0
+    engine, results = train_zero(stage, sizes, dtype, batches, comm, micro_batches=micro_batches,
+                                 loss_scale=loss_scale)
+    assert all(r.applied for r in results)
+    want, _ = reference(sizes, dtype, batches)
+    assert_within_mixed_tolerance(consolidated(engine), want)
+    return engine
+
+
+def assert_within_mixed_tolerance(got, want):
+    """The bf16/fp16 criterion of the module docstring: mean |difference| <= lr / 20, and no
+    element off by more than 2 lr per step."""
+    diffs = np.concatenate([np.abs(g - w).ravel() for got_layer, want_layer in zip(got, want)
+                            for g, w in zip(got_layer, want_layer)])
+    assert diffs.mean() <= LR / 20
+    assert diffs.max() <= 2 * LR * STEPS
+
+
+def micro_batches_for(num_ranks):
+    """3 micro-batches where the global batch of 24 allows it (N = 1, 2, 4, 8), else 2 (N = 3)."""
+    return 3 if GLOBAL_BATCH % (3 * num_ranks) == 0 else 2

@@ -1,6 +1,6 @@
 """The GPU device's arithmetic (zerompi/devices/gpu.py, zerompi/devices/gemm.py) without a GPU.
 
-The stand-in device StandInTensorCores (tests/device_stand_in.py) is the GPU device with NumPy
+The stand-in device StandInTensorCores (tests/support/device_stand_in.py) is the GPU device with NumPy
 stand-ins for cuBLAS and the fused kernels, so the MLP and Adam compute as on a GPU: 16-bit
 operands (x_i, d_pre_i, d_logits) rounded once by the code that writes them, float32 GEMM outputs,
 gradients accumulated in float32 inside the GEMM and rounded once into 16 bits, AdamW in the fused
@@ -8,7 +8,7 @@ kernel's form. Every GEMM goes through cublas_arguments and a column-major GEMM 
 cuBLAS does with them. Run under mpirun at N = 1, 2, 3, 4, 8 with real collectives:
 
 - bf16 and fp16, every stage, with and without gradient accumulation: within the mixed tolerance
-  of single-process AdamW (tests/mpi/test_equivalence.py's criterion for the CPU's mixed runs);
+  of single-process AdamW (tests/mpi/test_zero_equals_single_process_adamw.py's criterion for the CPU's mixed runs);
 - it really is the 16-bit path: the operand buffers are 16-bit, no weight is widened, no gradient
   passes through a float32 work buffer (the GEMM adds and rounds; each gradient's sum of squares
   is the GEMM g g^T), and the weights differ from the CPU's widening path (which keeps
@@ -22,7 +22,7 @@ import pytest
 
 from device_stand_in import StandInTensorCores
 from helpers import consolidated, make_batches, train_zero
-from test_equivalence import assert_mixed_run_matches_reference, micro_batches_for
+from helpers import assert_mixed_run_matches_reference, micro_batches_for
 from zerompi.comm import Communicator
 
 SIZES = [13, 37, 53, 7]

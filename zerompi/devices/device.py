@@ -39,9 +39,7 @@ batch gather) and ask the array's type.
 """
 import numpy as np
 
-from .choice import DEVICE_CHOICES, LOCAL_RANK_VARIABLES, check_device, local_rank, select_device  # noqa: F401
 from .cpu import CPU
-from .gpu import GPU  # noqa: F401
 
 
 def array_module(array):

@@ -28,7 +28,7 @@ Kernels run on CuPy's default stream; `synchronize` waits for everything queued 
 "the current stream": the current device and stream are per host thread, and with --overlap the
 communication thread is the one that asks), which comm.py does before handing device memory to MPI.
 
-`gemm` and `kernels` are class attributes, so that tests without a GPU (tests/device_stand_in.py)
+`gemm` and `kernels` are class attributes, so that tests without a GPU (tests/support/device_stand_in.py)
 run every method here with NumPy stand-ins for cuBLAS and the kernels.
 """
 from dataclasses import dataclass

@@ -24,7 +24,7 @@ gelu_backward are what the next matrix multiply reads (zerompi/model.py's operan
 A 16-bit bias (B) and 16-bit gradients (G) are widened as they are read.
 
 The kernels' sources are data (`elementwise_sources`), so that
-tests/kernel_compile_check.py can compile each with NVRTC for every dtype it meets, on a machine
+tests/support/kernel_compile_check.py can compile each with NVRTC for every dtype it meets, on a machine
 without a GPU.
 """
 _kernels = {}

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from .config_files import ConfigFileError, flags_from_file
-from ..devices.device import DEVICE_CHOICES
+from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import ExitCode
 from ..precision import DTYPE_NAMES
 from .schedule import SCHEDULES

@@ -16,6 +16,7 @@ BLAS threads per rank: OMP_NUM_THREADS when the user (or a Slurm script, from --
 set it (to anything but a positive integer: an error), else the CPUs this process may run on (its
 affinity mask) divided by the ranks on its node, at least 1.
 """
+from ..devices.choice import first_number
 
 # The innermost launcher first: `mpirun` inside a Slurm allocation starts its proxies with srun, so
 # its ranks also inherit the proxy step's SLURM_* variables (one task per node), which then say
@@ -43,15 +44,6 @@ def launch_mismatch(mpi_size, environ):
 def launcher_rank(environ):
     """This process's rank as the launcher numbered it (0 when unknown)."""
     return first_number(environ, LAUNCHER_RANK_VARIABLES)
-
-
-def first_number(environ, names):
-    """The value of the first of the variables `names` that holds a number, else 0."""
-    for name in names:
-        value = environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def threads_variable_error(environ):

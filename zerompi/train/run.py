@@ -38,7 +38,7 @@ from .batches import MicroBatches
 from .config import ArgumentError, TrainConfig, check_config, device_choice, parse_args
 from .data import Dataset, load_data
 from .divergence import not_finite_message, stop
-from ..devices.device import check_device, select_device
+from ..devices.choice import check_device, select_device
 from ..engine import build_engine
 from ..exit_codes import ExitCode
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error

@@ -2,7 +2,7 @@
 the uninterrupted one: N and N' in 1..5 (sub-communicators of the launch), every pair of stages
 (each at several N'), widths that no N divides. Each rank reads only its ranges (zerompi/checkpoint/load.py).
 
-float64, so "matches" means 1e-12 relative, as in test_equivalence.py.
+float64, so "matches" means 1e-12 relative, as in test_zero_equals_single_process_adamw.py.
 """
 import os
 import shutil

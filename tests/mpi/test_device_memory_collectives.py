@@ -1,4 +1,4 @@
-"""Device memory through MPI, without a GPU: the stand-in device (tests/device_stand_in.py) makes
+"""Device memory through MPI, without a GPU: the stand-in device (tests/support/device_stand_in.py) makes
 the communicator take its GPU code paths (zerompi/devices/staging.py) with real MPI collectives on
 host memory.
 

@@ -1,4 +1,4 @@
-"""Run pytest on one MPI rank: `mpirun -n N python tests/mpi_launch.py [pytest args]`.
+"""Run pytest on one MPI rank: `mpirun -n N python tests/support/mpi_launch.py [pytest args]`.
 
 Only rank 0's stdout is kept (N copies of the same report help nobody); every rank keeps stderr,
 where tests/mpi/conftest.py writes a failing rank's report before it aborts the job. Ranks that

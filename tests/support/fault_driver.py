@@ -1,6 +1,6 @@
 """Run zerompi.train with one real fault on chosen ranks at a chosen step (tests/test_faults.py).
 
-    mpirun -n N python tests/fault_driver.py FAULT RANKS STEP [zerompi.train flags]
+    mpirun -n N python tests/support/fault_driver.py FAULT RANKS STEP [zerompi.train flags]
 
 RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on those ranks only:
 

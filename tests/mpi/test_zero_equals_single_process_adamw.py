@@ -24,57 +24,24 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from helpers import GLOBAL_BATCH, LR, WEIGHT_DECAY, consolidated, make_batches, train_zero
-from reference import adamw_train, global_norm, initial_weights, loss_and_grads
+from helpers import (STEPS, assert_mixed_run_matches_reference, consolidated, make_batches, micro_batches_for,
+                     reference, train_zero)
+from reference import global_norm, initial_weights, loss_and_grads
 
 SIZES = [
     [13, 37, 53, 7],       # odd widths: no layer divides evenly by 2, 3, 4 or 8
     [5, 3, 2],             # layers of 18 and 8 elements: N = 8 exceeds most shards' content
     [64, 32, 10],          # even widths
 ]
-STEPS = 3
 STAGES = [0, 1, 2, 3]
 BF16 = ml_dtypes.bfloat16
 size_id = lambda s: "-".join(map(str, s))    # noqa: E731
-
-
-def reference(sizes, dtype, batches, **kwargs):
-    storage = dtype if np.dtype(dtype).itemsize == 2 else None
-    initial = initial_weights(sizes, 0, np.float64 if storage else dtype)
-    layers, _, norms = adamw_train(initial, batches, LR, WEIGHT_DECAY, storage=storage, **kwargs)
-    return [(w.astype(np.float64), b.astype(np.float64)) for w, b in layers], norms
 
 
 def assert_close_f64(got, want):
     for (w, b), (w_ref, b_ref) in zip(got, want):
         for tensor, tensor_ref in ((w, w_ref), (b, b_ref)):
             assert np.max(np.abs(tensor - tensor_ref)) <= 1e-12 * np.max(np.abs(tensor_ref))
-
-
-def assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches=1, comm=None):
-    """A bf16/fp16 run (fp16: loss scale 1024, a power of two: exact to unscale) applies every step
-    and ends within the mixed tolerance of the reference; returns its engine."""
-    loss_scale = 1024.0 if dtype == np.float16 else 1.0
-    engine, results = train_zero(stage, sizes, dtype, batches, comm, micro_batches=micro_batches,
-                                 loss_scale=loss_scale)
-    assert all(r.applied for r in results)
-    want, _ = reference(sizes, dtype, batches)
-    assert_within_mixed_tolerance(consolidated(engine), want)
-    return engine
-
-
-def assert_within_mixed_tolerance(got, want):
-    """The bf16/fp16 criterion of the module docstring: mean |difference| <= lr / 20, and no
-    element off by more than 2 lr per step."""
-    diffs = np.concatenate([np.abs(g - w).ravel() for got_layer, want_layer in zip(got, want)
-                            for g, w in zip(got_layer, want_layer)])
-    assert diffs.mean() <= LR / 20
-    assert diffs.max() <= 2 * LR * STEPS
-
-
-def micro_batches_for(num_ranks):
-    """3 micro-batches where the global batch of 24 allows it (N = 1, 2, 4, 8), else 2 (N = 3)."""
-    return 3 if GLOBAL_BATCH % (3 * num_ranks) == 0 else 2
 
 
 @pytest.mark.mpi
