@@ -16,7 +16,7 @@ about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying w
        float32 rounding)
     3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32, fp16 and
        bf16: the step's TFLOP/s (6 flops per weight per row: forward 2, backward 4) beside the
-       GPU's rate for the GEMM the step runs (zerompi.gemm: 16-bit operands on tensor cores,
+       GPU's rate for the GEMM the step runs (zerompi.devices.gemm: 16-bit operands on tensor cores,
        float32 out) at the step's largest shape and at 8192^3, measured in the same run
 
 Exit status 0 when every check passed. The output is plain text, for the README and the notes.
@@ -118,7 +118,7 @@ def correctness(cuda_aware, folder, report):
 
 
 def gemm_correctness(cupy, report):
-    """zerompi.gemm.gemm on the GPU against cupy.matmul, and 16-bit against float32 products."""
+    """zerompi.devices.gemm.gemm on the GPU against cupy.matmul, and 16-bit against float32 products."""
     from zerompi.devices.gemm import gemm
     from zerompi.precision import BF16
     rng = np.random.default_rng(0)
@@ -261,7 +261,7 @@ def transport():
 
 
 def gemm_tflops(cupy, m, k, n, dtype, repeats=10):
-    """Median TFLOP/s of zerompi.gemm's (m, k) @ (k, n) product with dtype operands and a float32
+    """Median TFLOP/s of zerompi.devices.gemm's (m, k) @ (k, n) product with dtype operands and a float32
     (float64 for float64) output, as the training step runs it; timed with CUDA events."""
     from zerompi.devices.gemm import gemm
     a = cupy.random.standard_normal((m, k), dtype=np.float32).astype(dtype)

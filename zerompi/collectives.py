@@ -43,7 +43,8 @@ class Collectives:
     """Overlap off: every collective runs when it is started; `exposed_s` is their total time
     (the communication that nothing hid; zerompi/overlap/ reports the same for its thread)."""
 
-    buffers_in_flight = 1        # one-layer buffers worth keeping per use: nothing overlaps here
+    buffers_in_flight = 1        # layer gradient buffers worth having: nothing overlaps here
+    prefetch = 0                 # layers whose all-gather starts ahead of their use (stage 3)
 
     def __init__(self, comm):
         self.comm = comm
@@ -68,11 +69,11 @@ class Collectives:
     def wait_all(self):
         """Every collective started so far has finished (here: always)."""
 
-    def layer_gather(self, layer_buffers, shard_of, num_layers):
-        """Stage 3's gather of a layer's parameters into a one-layer buffer: layer_buffers(name,
-        count) allocates the buffers, shard_of(layer) is this rank's shard of the layer's
-        parameters. (zerompi/overlap/ returns one that prefetches.)"""
-        return LayerGather(self, layer_buffers("param_gather", 1), shard_of)
+    def layer_gather(self, buffers, shard_of):
+        """Stage 3's gather of a layer's parameters into one of `buffers` (1 + prefetch one-layer
+        buffers); shard_of(layer) is this rank's shard of the layer's parameters.
+        (zerompi/overlap/ returns one that prefetches.)"""
+        return LayerGather(self, buffers, shard_of)
 
     def _start(self, call, *args):
         start = time.perf_counter()

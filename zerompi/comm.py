@@ -1,4 +1,4 @@
-"""The communicator: the only place that calls MPI, and the only place that times it.
+"""The communicator: where the training collectives call MPI, and where they are timed and counted.
 
 Every array collective is one of mpi4py's buffer (uppercase) methods on one contiguous buffer,
 never the pickling lowercase ones. Each call is timed and recorded in the CommLedger.

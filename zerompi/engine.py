@@ -21,7 +21,7 @@ import numpy as np
 
 from .checkpoint.params import set_layer_params
 from .comm import Communicator
-from .layout import Layout
+from .layout import Layout, bucket_numel
 from .ledger import MemoryLedger
 from .model import MLP, init_layer_values
 from .overlap import OverlapConfig, start_collectives
@@ -44,19 +44,20 @@ class Engine:
             set_layer_params(self.stage, layer, init_layer_values(layer, seed))
 
 
-def build_engine(sizes, stage, precision, adam_config, batch_rows, comm=None, micro_batches=1,
+def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=None, micro_batches=1,
                  overlap=OverlapConfig()):
     comm = comm if comm is not None else Communicator()
     layout = Layout(sizes, comm.size)
     memory = MemoryLedger(comm.device)
     buckets = layout.gradient_buckets(np.dtype(precision.storage).itemsize, overlap.bucket_mb)
-    largest = (max(sum(layer.padded for layer in bucket) for bucket in buckets) if stage == 0
+    largest = (max(bucket_numel(bucket) for bucket in buckets) if stage_number == 0
                else layout.max_layer_padded)                    # elements reduced in one call
-    if precision.mixed or (micro_batches > 1 and stage >= 2) or comm.device.is_gpu:
+    if precision.mixed or (micro_batches > 1 and stage_number >= 2) or comm.device.is_gpu:
         comm.reserve_staging(memory, largest, precision.compute)
     step_sums = memory.alloc("work", "step_sums", (len(layout.layers) + 2,), np.float64)
     comm.reserve_host_staging(memory, max(largest * precision.compute.itemsize, step_sums.nbytes))
     collectives = start_collectives(comm, overlap)       # after the staging: its thread shares it
-    zero_stage = STAGES[stage](layout, collectives, memory, precision, adam_config, buckets=buckets)
+    options = {"buckets": buckets} if stage_number <= 1 else {}   # stages 2-3 reduce layer by layer
+    stage = STAGES[stage_number](layout, collectives, memory, precision, adam_config, **options)
     mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
-    return Engine(layout, comm, memory, zero_stage, mlp, step_sums)
+    return Engine(layout, comm, memory, stage, mlp, step_sums)

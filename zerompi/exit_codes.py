@@ -1,6 +1,6 @@
 """The exit statuses of `mpirun -n N python -m zerompi.train`: one enumeration, used everywhere.
 
-Every rank exits with the same status (the verdicts are collective: zerompi/comm.py check_all),
+Every rank exits with the same status (the verdicts are collective: check_all, zerompi/control.py),
 so a job script can branch on mpirun's status:
 
     OK                   0  the run finished: weights, report and checkpoint written as asked

@@ -1,15 +1,15 @@
 """Flat buffers, padding and shards: where every parameter lives.
 
-A *layer* is the group of tensors that is communicated together; here one linear layer (its weight
-and bias). Each layer is stored in one contiguous flat buffer, padded with zeros to a multiple of
+A *layer* (one linear layer: its weight and bias) is the group of tensors that is communicated
+together. Each layer is stored in one contiguous flat buffer, padded with zeros to a multiple of
 the number of ranks N so that it splits into N equal shards. Rank r owns shard r of every layer:
 
     layer u, numel = O*I + O, padded = N * ceil(numel / N), shard_size = padded / N
 
     full layer buffer  |  weight (O, I) row-major  | bias (O,) | pad (zeros) |
-                      |<------------------------ padded ------------------->|
-    shards            |  rank 0   |  rank 1   |  rank 2   |  ...  | rank N-1 |
-                      |<-shard--->|
+                       |<------------------------ padded ------------------->|
+    shards             |  rank 0   |  rank 1   |  rank 2   |  ...  | rank N-1 |
+                       |<-shard--->|
 
 The whole model is the layers laid end to end (the "full" layout, Psi_pad elements), and the
 owned shards of all layers laid end to end (the "shard" layout, Psi_pad / N elements):
@@ -22,6 +22,11 @@ update is 0 / (0 + eps) = 0), so they never change a result. The padding rule is
 With N larger than a layer, most shards of that layer are pure padding: that is allowed.
 """
 from dataclasses import dataclass
+
+
+def bucket_numel(bucket):
+    """Elements of a gradient bucket (consecutive layers, contiguous in a full-layout buffer)."""
+    return sum(layer.padded for layer in bucket)
 
 
 def padded_size(numel, num_ranks):

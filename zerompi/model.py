@@ -1,7 +1,7 @@
 """The MLP: sizes[0] -> sizes[1] -> ... -> sizes[-1], GELU after every linear layer but the last.
 
 The MLP object owns only activations; the parameters and gradients belong to the ZeRO stage and
-are passed in explicitly, one layer (linear layer) at a time. Activation buffers are allocated once
+are passed in explicitly, one layer at a time. Activation buffers are allocated once
 for a local batch of up to B rows (ledgered as "activations"); a smaller batch uses their first
 rows. For layer i with input width I and output width O:
 
@@ -60,7 +60,7 @@ class MLP:
         self.d_logits = (alloc("activations", "d_logits", (B, self.layers[-1].out_features), operand)
                          if operand != dtype else None)          # the loss's float32 gradient, rounded
         self.loss_scratch = LossScratch(B, self.layers[-1].out_features, dtype, alloc, self.device)
-        self.step_totals = alloc("activations", "step_totals", (2,), np.float64)   # (train_step.py)
+        self.step_totals = alloc("activations", "step_totals", (2,), np.float64)   # (zerompi/step.py)
         self.work = self.device.linear_work(alloc, layout.max_layer_padded, B, precision, micro_batches)
 
     def loss(self, logits, labels, global_batch, loss_scale):

@@ -15,7 +15,7 @@ NumPy has no fast 16-bit matrix multiply on CPUs (float16 matmul runs a slow gen
 bfloat16 comes from the ml_dtypes package with no BLAS at all), so on a CPU each layer widens its
 16-bit weight to float32 in a one-layer work buffer and computes in float32; its gradient is
 computed in float32 and rounded to 16 bits when it is stored. The stored state stays 16-bit; the
-cost is one extra pass over each layer's weights in forward and in backward (see README for the
+cost is one extra pass over each layer's weights in forward and in backward (see docs/mixed-precision.md for the
 measured cost). On a GPU the matrix multiplies read the 16-bit weights and 16-bit activations
 directly, on tensor cores, accumulating in float32 (zerompi/devices/gemm.py, zerompi/model.py); the
 elementwise work (GELU, the loss, Adam) stays float32 there too.

@@ -15,6 +15,7 @@ import pytest
 from device_stand_in import StandInGPU
 from helpers import consolidated, make_batches, train_zero
 from zerompi.comm import Communicator
+from zerompi.layout import bucket_numel
 from zerompi.overlap import OverlapConfig
 
 SIZES = [13, 37, 53, 7]
@@ -22,7 +23,7 @@ CASES = [(stage, dtype, k) for stage in (0, 1, 2, 3) for dtype, k in (("float32"
 
 
 def train(stage, dtype, k, device=None, cuda_aware=None, overlap=OverlapConfig()):
-    batches = make_batches(SIZES, 2, rows=48)          # 48 rows: K = 2 micro-batches on N = 1, 2, 3, 4, 8
+    batches = make_batches(SIZES, 2, rows=48)          # 48 rows: M = 2 micro-batches on N = 1, 2, 3, 4, 8
     comm = Communicator(device=device, mpi_reads_device_memory=cuda_aware)
     engine, results = train_zero(stage, SIZES, np.dtype(dtype) if dtype != "bfloat16" else _bf16(), batches,
                                  comm=comm, micro_batches=k, overlap=overlap)
@@ -56,7 +57,7 @@ def test_staged_collectives_match_the_cpu_bitwise(stage, dtype, k):
     assert [r.loss for r in results] == [r.loss for r in cpu_results]
     assert engine.comm.transport.stages_through_host and engine.comm.transport.host_staging is not None
     buckets = engine.stage.buckets if stage == 0 else [[layer] for layer in engine.layout.layers]
-    largest = max(sum(layer.padded for layer in b) for b in buckets) * engine.stage.precision.compute.itemsize
+    largest = max(bucket_numel(b) for b in buckets) * engine.stage.precision.compute.itemsize
     assert device.pinned == [max(largest, engine.step_sums.nbytes)]      # stage 0: a bucket, else a layer
     assert ("work", "comm.host_staging (pinned host)") in [(k_, n) for k_, n, *_ in engine.memory.buffers]
     calls = device_collectives(engine)

@@ -103,8 +103,8 @@ def test_fp16_loss_scaling_unscales_exactly(stage):
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("stage", STAGES)
 def test_mixed_precision_accumulation_stays_within_the_mixed_tolerance(stage, dtype):
-    """16-bit gradients are added per micro-batch in 16 bits (README: the error grows with K);
-    at K = 2-3 the result stays within the mixed-precision tolerance above."""
+    """16-bit gradients are added per micro-batch in 16 bits (docs/mixed-precision.md: the error
+    grows with M); at M = 2-3 the result stays within the mixed-precision tolerance above."""
     sizes = SIZES[0]
     batches = make_batches(sizes, STEPS)
     assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches_for(MPI.COMM_WORLD.Get_size()))
@@ -124,7 +124,7 @@ def test_gradient_accumulation_equals_one_large_batch(stage):
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage", STAGES)
 def test_accumulation_keeps_no_full_gradient_in_stages_2_and_3(stage):
-    """With micro-batches, stages 2-3 still hold only the gradient shard (and one layer's bucket)."""
+    """With micro-batches, stages 2-3 still hold only the gradient shard (and one layer gradient buffer)."""
     sizes = SIZES[0]
     k = micro_batches_for(MPI.COMM_WORLD.Get_size())
     engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, 1), micro_batches=k)

@@ -47,7 +47,7 @@ def column_major_gemm(transa, transb, m, n, k, first, lda, second, ldb, c, ldc, 
 
 
 def stand_in_gemm(a, b, c, trans_a=False, trans_b=False, accumulate=False):
-    """zerompi.gemm.gemm, with column_major_gemm in place of the cuBLAS call."""
+    """zerompi.devices.gemm.gemm, with column_major_gemm in place of the cuBLAS call."""
     assert a.dtype == b.dtype
     transa, transb, m, n, k, first, lda, second, ldb, ldc = cublas_arguments(a, b, c, trans_a, trans_b)
     compute = ACCUMULATE[a.dtype.name]

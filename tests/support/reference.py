@@ -1,7 +1,7 @@
 """The test oracle: plain single-process AdamW on the whole global batch.
 
 No flat buffers, no shards, no MPI, no micro-batches: one weight and one bias array per layer, the
-layer functions (themselves checked against finite differences in test_layers.py), and the AdamW
+layer functions (themselves checked against finite differences in test_layers_match_finite_differences.py), and the AdamW
 formula written out the textbook way (sqrt(v_hat), not zerompi.adam's chunked in-place form).
 
 Mixed precision (storage = float16 or bfloat16) is done the textbook way too: an fp32 master copy;

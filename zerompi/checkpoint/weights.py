@@ -1,6 +1,6 @@
 """Consolidated weight files: one pickle-free .npz for the whole model, whatever the stage and N.
 
-Format (documented in README): a standard uncompressed .npz, i.e. a zip archive of .npy files,
+Format (docs/checkpoints.md): a standard uncompressed .npz, i.e. a zip archive of .npy files,
 one per tensor, with no pickled objects (always read with allow_pickle=False):
 
     layers.{i}.weight   (sizes[i+1], sizes[i])   the torch.nn.Linear layout: y = x W^T + b

@@ -9,7 +9,7 @@ update); this class adds only what precision needs on a CPU (shapes as in zeromp
     multiplies run in the compute dtype (float32):
       weight, bias    widened into `param_work` (float32, one layer) on every use
       dW, db          computed into `grad_work` (float32, one layer), then rounded into the 16-bit
-                      gradient views, or (micro-batches 2..K) added to them and rounded again
+                      gradient views, or (micro-batches 2..M) added to them and rounded again
     numpy's matmul cannot add into its output, so gradient accumulation in full precision
     (--grad-accum > 1) also computes into `grad_work` and adds; the first micro-batch of a
     full-precision run writes its gradients straight into place.

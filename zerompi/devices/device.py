@@ -23,7 +23,7 @@ Compute (zerompi/model.py, zerompi/adam.py, zerompi/step.py; shapes as in zeromp
 buffers are allocated by the device, ledgered as "work", and kept by their caller:
 
     operand_dtype(precision)                       the dtype the matrix multiplies read
-    linear_work(alloc, max_layer, B, precision, K) the MLP's work buffers
+    linear_work(alloc, max_layer, B, precision, M) the MLP's work buffers
     linear_forward(x, W, b, y, work)               y = x W^T + b
     linear_gelu_forward(x, W, b, pre, y, t, work)  pre = x W^T + b, y = GELU(pre), t = tanh(u)
     gelu_backward(dy, pre, t, dx)                  dx = dy GELU'(pre)

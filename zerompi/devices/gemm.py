@@ -6,7 +6,7 @@
     float16             float32, float16  float32                  tensor cores
     bfloat16            float32, bfloat16 float32                  tensor cores
     float32             float32           float32 (no TF32)        CUDA cores
-    float64             float64           float64                  FP64 layers (tensor cores
+    float64             float64           float64                  FP64 units (tensor cores
                                                                    on A100, H100, H200)
 
 Why not cupy.matmul: it writes its result in the inputs' dtype, so 16-bit inputs would give a

@@ -21,7 +21,7 @@ In mixed precision the matrix multiplies read the 16-bit weights as they are and
 x_i, d_pre_i in 16 bits (`operand_dtype`): rounded once by the kernel that writes them (GELU
 forward, GELU backward); pre_i, tanh and d_x_i stay float32, since the GEMMs write float32. The
 gradients are accumulated in float32 inside the GEMM and rounded once into the 16-bit views;
-micro-batches 2..K add to them inside the GEMM. So no weight is widened and no gradient passes
+micro-batches 2..M add to them inside the GEMM. So no weight is widened and no gradient passes
 through a work buffer: the only work buffers are a row of ones (db = 1^T d_pre) and the 1 x 1 sum.
 
 Kernels run on CuPy's default stream; `synchronize` waits for everything queued on this device (not

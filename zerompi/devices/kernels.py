@@ -40,7 +40,7 @@ _ADAMW_INPUTS = "G g_in, T multiplier, T decay, T beta1, T beta2, T step_size, T
 
 def elementwise_sources():
     """{name: (input params, output params, body)} of each cupy.ElementwiseKernel."""
-    from ..layers import GELU_A, GELU_C          # (layers imports this module)
+    from ..layers import GELU_A, GELU_C
     gelu = f"""
         t = tanh((T){GELU_C!r} * (x + (T){GELU_A!r} * x * x * x));
         y = (Y)((T)0.5 * x * ((T)1 + t));

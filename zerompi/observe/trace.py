@@ -66,9 +66,9 @@ class Tracer:
         """owner.name(*args) now records a compute span named by describe(*args)."""
         method = getattr(owner, name)
 
-        def traced(*args):
+        def traced(*args, **kwargs):
             start = time.perf_counter()
-            result = method(*args)
+            result = method(*args, **kwargs)
             span_name, span_args = describe(*args)
             self.span(span_name, "compute", start, **span_args)
             return result
@@ -78,9 +78,6 @@ class Tracer:
         """The ledger's listener: one span per ledgered collective."""
         self.span(f"{op} {purpose}", "comm", start, end, op=op, purpose=purpose, bytes=nbytes)
 
-    @staticmethod
-    def now():
-        return time.perf_counter()
 
     def span(self, name, category, start, end=None, **args):
         """One complete event from start to end (perf_counter seconds; end: now)."""

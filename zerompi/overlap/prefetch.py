@@ -19,10 +19,9 @@ from ..ledger import PARAMS
 
 
 class PrefetchingGather:
-    def __init__(self, collectives, layer_buffers, shard_of, num_layers, prefetch):
-        self.collectives, self.shard_of = collectives, shard_of
-        self.prefetch = min(prefetch, num_layers - 1)     # no more than the layers after the first
-        self.buffers = layer_buffers("param_gather", 1 + self.prefetch)
+    def __init__(self, collectives, buffers, shard_of):
+        self.collectives, self.buffers, self.shard_of = collectives, buffers, shard_of
+        self.prefetch = len(buffers) - 1    # one buffer in use, the others for the layers ahead
         self.ahead = deque()                # (layer index, buffer index, request), in the order of use
         self.in_use = None                  # the buffer the current layer computes with
 

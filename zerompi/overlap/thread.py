@@ -58,8 +58,8 @@ class ThreadedCollectives(Collectives):
         self.thread = threading.Thread(target=self._run, name="zerompi-comm", daemon=True)
         self.thread.start()
 
-    def layer_gather(self, layer_buffers, shard_of, num_layers):
-        return PrefetchingGather(self, layer_buffers, shard_of, num_layers, self.prefetch)
+    def layer_gather(self, buffers, shard_of):
+        return PrefetchingGather(self, buffers, shard_of)
 
     def _start(self, call, *args):
         """Queue call(*args) after everything started before it; returns its request."""

@@ -14,11 +14,12 @@ and then, once per optimizer step:
     stage.update(lr, multiplier)  AdamW on what this rank owns
     stage.gather_params()         bring every rank's updated parameters to all ranks (stages 1-2)
 
-Each stage (stage0.py .. stage3.py) derives from ZeroStage directly and writes out all of those
-hooks in its own file: which buffers are full or sharded, which collective runs in which hook.
-Read them in order; each differs from the one before in one thing it partitions. What they share
-is here, called by name: the owned range (`Owned`), Adam over the owned ranges, one-layer work
-buffers and the ring that reuses them.
+Each stage (stage0.py .. stage3.py) derives from ZeroStage directly and writes out, in its own
+file, its buffers, `owned`, and the hooks where the stages differ: before_forward, after_forward,
+before_backward, after_backward, reduce_grads, update, gather_params. Read them in order; each
+differs from the one before in one thing it partitions. What they share is here, called by name:
+start_micro_batch, grad_partition (the owned gradients; stage 0, which owns everything, writes
+its own), Adam over the owned ranges, one-layer work buffers and the layer gradient buffers.
 
 The heart of each stage is `owned(layer)`: which part of a layer this rank updates, and where its
 gradient and Adam state are. Collectives go through `self.collectives` (zerompi/collectives.py):

@@ -21,6 +21,7 @@ numbers: N copies of identical work and identical memory. That redundancy is wha
 Communication per rank: all-reduce of Psi elements = 2 Psi (N-1)/N.
 """
 from ..adam import AdamW
+from ..layout import bucket_numel
 from ..ledger import GRADS
 from .base import Backward, Owned, ZeroStage
 
@@ -65,7 +66,7 @@ class Stage0(ZeroStage):
         bucket = self.bucket_ending_at.get(layer.index)
         if self.last_micro_batch and bucket is not None:
             start = bucket[-1].full_offset
-            self.collectives.allreduce(self.grad_full[start:start + sum(u.padded for u in bucket)], GRADS)
+            self.collectives.allreduce(self.grad_full[start:start + bucket_numel(bucket)], GRADS)
 
     def reduce_grads(self):
         self.collectives.wait_all()

@@ -34,8 +34,8 @@ from .base import Backward, LayerGradBuffers, Owned, ZeroStage
 class Stage2(ZeroStage):
     stage = 2
 
-    def __init__(self, layout, collectives, memory, precision, adam_config, buckets=None):
-        super().__init__(layout, collectives, memory, precision)  # (no buckets: one layer at a time)
+    def __init__(self, layout, collectives, memory, precision, adam_config):
+        super().__init__(layout, collectives, memory, precision)
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)

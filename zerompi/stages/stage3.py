@@ -19,10 +19,11 @@ the next layer right after.
                step: Adam on param_shard with grad_shard
                (no all-gather after the step: the next forward gathers what it needs)
 
-`param_gather.gather(layer, upcoming)` all-gathers the layer's parameters and waits for them.
-`upcoming` is the rest of the pass, in the order it runs: with --overlap --prefetch P, the
-overlap layer (zerompi/overlap/prefetch.py) starts the next P layers' all-gathers early, so that
-they arrive while layer u computes. This file does not change for it.
+`param_gather.gather(layer, upcoming)` (zerompi/collectives.py) all-gathers the layer's
+parameters into a one-layer buffer and waits for them. `upcoming` is the rest of the pass, in the
+order it runs: with --overlap --prefetch P, the overlap layer's gather (zerompi/overlap/prefetch.py)
+starts the next P layers' all-gathers early, each into one of the 1 + P buffers, so that they
+arrive while layer u computes. This file does not change for it.
 
 Communication per rank: two all-gathers and one reduce-scatter of Psi = 3 Psi (N-1)/N, 1.5x the
 other stages: the price of not keeping the parameters.
@@ -35,13 +36,15 @@ from .base import Backward, LayerGradBuffers, Owned, ZeroStage
 class Stage3(ZeroStage):
     stage = 3
 
-    def __init__(self, layout, collectives, memory, precision, adam_config, buckets=None):
-        super().__init__(layout, collectives, memory, precision)  # (no buckets: one layer at a time)
+    def __init__(self, layout, collectives, memory, precision, adam_config):
+        super().__init__(layout, collectives, memory, precision)
         dtype = precision.storage
         self.param_shard = memory.alloc("params", "param_shard", (layout.shard_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
         self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)
-        self.param_gather = collectives.layer_gather(self.layer_buffers, self.param_shard_of, len(layout.layers))
+        ahead = min(collectives.prefetch, len(layout.layers) - 1)   # 0 without --overlap --prefetch
+        self.param_gather = collectives.layer_gather(self.layer_buffers("param_gather", 1 + ahead),
+                                                     self.param_shard_of)
         self.layer_grads = LayerGradBuffers(self.layer_buffers("layer_grad", collectives.buffers_in_flight))
 
     def owned(self, layer):

@@ -70,7 +70,7 @@ class TrainConfig:
                        "NCCL (GPU only; MPI still starts the job)", ZERO, choices=COMM_CHOICES)
     overlap: bool = option(False, "run the collectives on a communication thread while backward and forward "
                            "compute (the results are bitwise the same either way; off by default: measured "
-                           "slower with one rank per core, see README)", ZERO)
+                           "slower with one rank per core, docs/overlap-and-performance.md)", ZERO)
     bucket_mb: float = option(4.0, "stages 0-1: start reducing gradients a bucket of consecutive layers of at "
                               "least this many MB at a time (0: every layer)", ZERO)
     prefetch: int = option(1, "stage 3 with --overlap: all-gather this many layers ahead (one layer buffer "

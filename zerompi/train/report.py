@@ -61,9 +61,9 @@ def build_report(engine, train_comm, steps, stage, micro_batches=1):
 
 
 def _size(num_bytes):
-    for layer, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if num_bytes >= scale:
-            return f"{num_bytes / scale:.4g} {layer}"
+            return f"{num_bytes / scale:.4g} {unit}"
     return f"{num_bytes:.0f} B"
 
 

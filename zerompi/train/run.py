@@ -32,30 +32,30 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..adam import AdamConfig
+from ..checkpoint.training import Preemption, check_save_dir, save_training_checkpoint, start_from
+from ..checkpoint.weights import check_writable, save_weights
 from ..comm import Communicator
+from ..devices.choice import check_device, select_device
 from ..devices.nccl import NcclCommunicator
+from ..engine import build_engine
+from ..exit_codes import ExitCode
+from ..ledger import GRADS, METRICS, PARAMS
+from ..observe.trace import Tracer, write_trace
+from ..observe.watchdog import report_then_abort, stagger
+from ..overlap import OverlapConfig
+from ..precision import Precision, precision_for
+from ..step import count_correct, train_step
 from .batches import MicroBatches
 from .config import ArgumentError, TrainConfig, check_config, device_choice, parse_args
 from .data import Dataset, load_data
 from .divergence import not_finite_message, stop
-from ..devices.choice import check_device, select_device
-from ..engine import build_engine
-from ..exit_codes import ExitCode
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler
 from .metrics import MetricsLog
-from ..overlap import OverlapConfig
-from ..precision import Precision, precision_for
 from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
 from .status_line import StatusLine
-from ..ledger import GRADS, METRICS, PARAMS
-from ..observe.trace import Tracer, write_trace
-from ..step import count_correct, train_step
-from ..checkpoint.training import Preemption, check_save_dir, save_training_checkpoint, start_from
-from ..observe.watchdog import report_then_abort, stagger
-from ..checkpoint.weights import check_writable, save_weights
 
 
 @dataclass
