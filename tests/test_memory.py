@@ -1,5 +1,6 @@
 """Tests for zerompi.memory: the ZeRO memory and communication formulas and the CLI."""
 
+import os
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from zerompi.memory import (
     model_state_bytes,
 )
 
-REPO_ROOT = "/work/main"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The source article's table for a 7B model, mixed-precision Adam.
 TABLE_7B = """\
