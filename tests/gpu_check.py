@@ -186,7 +186,8 @@ def device_ops_correctness(device, report):
     from zerompi.devices.choice import check_device
     from zerompi.devices.device import to_numpy
     from zerompi.precision import precision_for
-    B, I, O = 6, 5, 4
+    sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+    from device_ops import run_layer_ops
     ok = True
     for dtype_name in ("float64", "float32", "fp16", "bf16"):
         if check_device(device, dtype_name, "mpi", 1):
@@ -196,25 +197,7 @@ def device_ops_correctness(device, report):
         storage, compute = precision.storage, precision.compute
         results = []
         for dev in (CPU(), device):
-            operand = dev.operand_dtype(precision)
-            work = dev.linear_work(lambda kind, name, shape, dtype: dev.zeros(shape, dtype), O * I + O, B, precision, 2)
-            rng = np.random.default_rng(3)                 # the same values on both devices
-
-            def integers(shape, dtype):
-                return dev.from_numpy(rng.integers(-4, 5, shape).astype(dtype))
-            x, dy, d_out = integers((B, I), operand), integers((B, O), operand), integers((B, O), compute)
-            weight, bias = integers((O, I), storage), integers(O, storage)
-            pre, y, t = dev.zeros((B, O), compute), dev.zeros((B, O), operand), dev.zeros((B, O), compute)
-            dev.linear_gelu_forward(x, weight, bias, pre, y, t, work)
-            logits = dev.zeros((B, O), compute)
-            dev.linear_forward(x, weight, bias, logits, work)
-            d_pre = dev.zeros((B, O), operand)
-            dev.gelu_backward(d_out, pre, t, d_pre)
-            dweight, dbias, dx = dev.zeros((O, I), storage), dev.zeros(O, storage), dev.zeros((B, I), compute)
-            dev.linear_backward(dy, x, weight, dweight, dbias, dx, False, work)
-            dev.linear_backward(dy, x, weight, dweight, dbias, None, True, work)
-            square = dev.zeros(1, np.float64)
-            dev.sum_of_squares(dweight.reshape(-1), square, work)
+            result = {name: a.astype(np.float64) for name, a in run_layer_ops(dev, precision).items()}
             # AdamW: two steps of the update (16-bit params rounded from the master in mixed precision)
             master = dev.from_numpy(np.linspace(-1, 1, 40).astype(compute))
             param = master if not precision.mixed else dev.from_numpy(to_numpy(master).astype(storage))
@@ -226,9 +209,9 @@ def device_ops_correctness(device, report):
                 dev.adamw(param, grad, master, m, v, 0.5, 1 - 0.05 * config.weight_decay,
                           0.05 / (1 - config.beta1 ** step), np.sqrt(1 - config.beta2 ** step), config, adam_work)
             dev.synchronize()
-            results.append({name: to_numpy(a).astype(np.float64) for name, a in dict(
-                pre=pre, logits=logits, dweight=dweight, dbias=dbias, dx=dx, square=square, y=y, d_pre=d_pre,
+            result.update({name: to_numpy(a).astype(np.float64) for name, a in dict(
                 master=master, m=m, v=v, param=param).items()})
+            results.append(result)
         cpu, gpu = results
         exact = [name for name in ("pre", "logits", "dweight", "dbias", "dx", "square")
                  if not np.array_equal(gpu[name], cpu[name])]

@@ -15,7 +15,7 @@ import pytest
 from zerompi.devices import mpi_cuda
 from zerompi.devices.choice import check_device, local_rank, select_device
 from zerompi.devices.cpu import CPU
-from zerompi.devices.device import array_module, take, to_numpy
+from zerompi.devices.device import to_numpy
 from zerompi.devices.gpu import GPU
 
 
@@ -102,7 +102,8 @@ def test_upload_is_queued_on_the_current_stream(monkeypatch):
 
 
 def test_take_writes_rows_into_out_without_a_temporary():
-    """The batch gather of every step (train.py): NumPy's default take would buffer out."""
+    """The batch gather of every step (zerompi/train/batches.py): NumPy's default take would buffer out."""
+    take = CPU().take
     data = np.random.default_rng(0).standard_normal((1000, 512))
     index = np.arange(999, -1, -4)
     out = np.empty((index.size, 512))
@@ -132,9 +133,9 @@ def test_device_checks(monkeypatch):
     assert "NCCL needs a GPU per rank" in check_device(gpu, "float32", "nccl", 2)
 
 
-def test_array_module_and_to_numpy_on_the_cpu():
+def test_to_numpy_on_the_cpu_is_the_array_itself():
     a = np.arange(3.0)
-    assert array_module(a) is np and to_numpy(a) is a
+    assert to_numpy(a) is a
 
 
 # ---- CUDA-awareness

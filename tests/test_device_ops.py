@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from device_ops import run_layer_ops
 from device_stand_in import StandInTensorCores
 from zerompi import layers
 from zerompi.adam import AdamConfig
@@ -98,28 +99,8 @@ def test_gpu_layers_equal_the_cpus_on_exact_inputs(dtype):
     """Forward, backward (written, then accumulated) and the sum of squares, through the GPU's
     GEMMs and kernels (16-bit operands in mixed precision) and the CPU's NumPy."""
     precision = precision_for(dtype)
-    storage, compute = precision.storage, precision.compute
-    results = []
-    for device in (CPU(), StandInTensorCores()):
-        operand = device.operand_dtype(precision)
-        work = device.linear_work(ledger_alloc([]), MAX_LAYER, B, precision, 2)
-        rng = np.random.default_rng(3)                     # the same values on both devices
-        x, dy, d_out = integers(rng, (B, I), operand), integers(rng, (B, O), operand), integers(rng, (B, O), compute)
-        weight, bias = integers(rng, (O, I), storage), integers(rng, O, storage)
-        pre, y, t = np.empty((B, O), compute), np.empty((B, O), operand), np.empty((B, O), compute)
-        device.linear_gelu_forward(x, weight, bias, pre, y, t, work)
-        logits = np.empty((B, O), compute)
-        device.linear_forward(x, weight, bias, logits, work)
-        d_pre = np.empty((B, O), operand)
-        device.gelu_backward(d_out, pre, t, d_pre)
-        dweight, dbias, dx = np.zeros((O, I), storage), np.zeros(O, storage), np.empty((B, I), compute)
-        device.linear_backward(dy, x, weight, dweight, dbias, dx, False, work)
-        device.linear_backward(dy, x, weight, dweight, dbias, None, True, work)
-        square = np.zeros(1)
-        device.sum_of_squares(dweight.reshape(-1), square, work)
-        results.append(dict(pre=pre, logits=logits, y=y, d_pre=d_pre, dweight=dweight, dbias=dbias, dx=dx,
-                            square=square))
-    cpu, gpu = results
+    storage = precision.storage
+    cpu, gpu = (run_layer_ops(device, precision) for device in (CPU(), StandInTensorCores()))
     assert gpu["y"].dtype == gpu["d_pre"].dtype == storage            # the tensor cores' operands
     # products and sums of small integers are exact; the GELUs are the same math on the same
     # values, rounded once into 16 bits on the GPU
@@ -127,7 +108,7 @@ def test_gpu_layers_equal_the_cpus_on_exact_inputs(dtype):
     np.testing.assert_array_equal(gpu["d_pre"], cpu["d_pre"].astype(storage))
     for name in ("pre", "logits", "dweight", "dbias", "dx", "square"):
         np.testing.assert_array_equal(gpu[name], cpu[name], err_msg=name)
-    exact = 2 * (dy.astype(np.float64).T @ x.astype(np.float64))      # two micro-batches of dy^T x
+    exact = 2 * (cpu["dy"].astype(np.float64).T @ cpu["x"].astype(np.float64))      # two micro-batches of dy^T x
     np.testing.assert_array_equal(cpu["dweight"], exact.astype(storage))
 
 

@@ -34,32 +34,12 @@ buffers are allocated by the device, ledgered as "work", and kept by their calle
     adamw(param, grad, master, m, v, multiplier, decay, step_size, sqrt_bias2, config, work)
                                                    one AdamW step in place
 
-The functions below serve code that holds an array but not its device (checkpoints, the program's
-batch gather) and ask the array's type.
+`to_numpy` below serves code that holds an array but not its device (checkpoints, weight files,
+the step's one read of its sums) and asks the array's type.
 """
 import numpy as np
-
-from .cpu import CPU
-
-
-def array_module(array):
-    """numpy or cupy: the module whose functions compute on `array` where it lives."""
-    return np if isinstance(array, np.ndarray) else _cupy()
-
-
-def take(array, index, out, axis=None):
-    """out = array.take(index, axis), with no temporary (the device's `take` for array's module)."""
-    if isinstance(array, np.ndarray):
-        CPU.take(array, index, out, axis)
-    else:
-        _cupy().take(array, index, axis=axis, out=out)
 
 
 def to_numpy(array):
     """A host (NumPy) array with array's values: array itself on the CPU, a copy from a GPU."""
     return array if isinstance(array, np.ndarray) else array.get()
-
-
-def _cupy():
-    import cupy
-    return cupy

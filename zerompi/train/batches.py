@@ -12,7 +12,6 @@ The training set moves to the device once; each step, only the indices of this r
 """
 import numpy as np
 
-from ..devices.device import take
 from .data import BatchSchedule
 
 
@@ -41,6 +40,6 @@ class MicroBatches:
         np.copyto(self.indices_host, rows)
         self.device.upload(self.indices_host, self.indices)
         for m in range(M):
-            take(self.x_train, self.indices[m], self.x[m], axis=0)
-            take(self.y_train, self.indices[m], self.y[m], axis=0)
+            self.device.take(self.x_train, self.indices[m], self.x[m], axis=0)
+            self.device.take(self.y_train, self.indices[m], self.y[m], axis=0)
         return zip(self.x, self.y)
