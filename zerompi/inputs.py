@@ -1,0 +1,99 @@
+"""Reading what the user names, safely: regular files only, and sizes checked before allocating.
+
+Every file zerompi reads from a path the user gave (data, weights, config files, checkpoints and
+their `latest`) is opened through `open_regular`:
+
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY)     never blocks, even on a FIFO
+    fstat(fd) is a regular file?                          else: one line, the file is not read
+    back to blocking reads; return a file object          the same file that was checked
+
+Checking the open descriptor (not the path, then opening) leaves no window in which the path can
+be swapped for a FIFO or a device. A FIFO, a device or a folder would otherwise block forever or
+read without end, before any collective runs, where the watchdog cannot see it.
+
+A file also declares sizes (an .npy header's shape, a manifest's ranks and layers): `check_fits`
+compares the bytes they would allocate with what this process may still use before anything is
+allocated, so a file that lies about its size costs one line, not the node's memory:
+
+    available = min( MemAvailable (/proc/meminfo) / ranks sharing the node,
+                     the cgroup's memory.max - memory.current,
+                     the address-space limit (ulimit -v) - what the process maps already )
+
+A limit the system does not report is left out; where none is known, nothing is refused.
+"""
+import os
+import resource
+import stat
+
+FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path, error, mode="rb"):
+    """The file at path, opened for reading, if it is a regular file; else raises error(one line
+    naming path). error: the caller's exception class (DataError, CheckpointError, ...)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read: {e.strerror or e}") from None
+    try:
+        mode_bits = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode_bits):
+            kind = next((name for test, name in FILE_KINDS if test(mode_bits)), "not a regular file")
+            raise error(f"{path}: is {kind}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def available_bytes(ranks_on_node=1):
+    """The bytes this process may still allocate (see the module docstring), or None if unknown."""
+    limits = []
+    meminfo = _read_numbers("/proc/meminfo", "MemAvailable:")
+    if meminfo is not None:
+        limits.append(meminfo * 1024 // max(1, ranks_on_node))
+    cgroup_max, cgroup_used = _read_text("/sys/fs/cgroup/memory.max"), _read_text("/sys/fs/cgroup/memory.current")
+    if cgroup_max and cgroup_max.isdigit() and cgroup_used and cgroup_used.isdigit():
+        limits.append(max(0, int(cgroup_max) - int(cgroup_used)) // max(1, ranks_on_node))
+    address_limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    mapped = _read_numbers("/proc/self/status", "VmSize:")
+    if address_limit != resource.RLIM_INFINITY and mapped is not None:
+        limits.append(max(0, address_limit - mapped * 1024))
+    return min(limits) if limits else None
+
+
+def check_fits(nbytes, what, error, ranks_on_node=1):
+    """Raise error(one line) if allocating nbytes for `what` (e.g. "data.npz: 'x' of shape
+    (100000000000, 4) float64") would exceed the bytes available to this process."""
+    available = available_bytes(ranks_on_node)
+    if available is not None and nbytes > available:
+        raise error(f"{what} needs {format_bytes(nbytes)}, more than the {format_bytes(available)} "
+                    f"this process can still allocate")
+
+
+def format_bytes(n):
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _read_numbers(path, key):
+    """The first number on the line of path that starts with key (kB in /proc files), or None."""
+    text = _read_text(path)
+    for line in (text or "").splitlines():
+        if line.startswith(key):
+            return int(line.split()[1])
+    return None
