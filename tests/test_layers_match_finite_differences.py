@@ -299,6 +299,8 @@ def test_softmax_cross_entropy_stable_for_huge_logits():
 
 @pytest.mark.parametrize("sizes", [[5, 37, 53, 7], [3, 4], [2, 1, 3]], ids=lambda s: "-".join(map(str, s)))
 def test_mlp_loss_gradient_finite_differences(sizes):
+    """The oracle's whole-MLP gradients (tests/support/reference.py, written independently of
+    zerompi.layers) against finite differences: the equivalence tests compare zerompi with it."""
     rng = np.random.default_rng(len(sizes) * 7 + sizes[0])
     layers = [(w * 3, b * 3) for w, b in initial_weights(sizes, 0, np.float64)]   # livelier GELUs
     n = 6
