@@ -99,6 +99,61 @@ def test_fp16_loss_scaling_unscales_exactly(stage):
         np.testing.assert_allclose(engine.stage.adam.m[state], 0.1 * flat[lo:hi], rtol=2e-2, atol=1e-6)
 
 
+UNIT_ROUNDOFF = {BF16: 2.0 ** -8, np.float16: 2.0 ** -11}     # half a 16-bit ulp, relative
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_mixed_precision_reduced_gradient_is_the_global_gradient(stage, dtype):
+    """Adam's update m / sqrt(v) barely depends on the gradient's scale, so the weights cannot show
+    a 16-bit reduction that gets the scale wrong (the sum divided by N once more, a loss scale not
+    divided out). The reduced gradient itself can. After one step, each rank's owned gradient
+    (unscaled) must be the float64 global gradient of the oracle at the same 16-bit weights, up to
+    what the 16-bit path rounds: each rank's partial gradient g_r once, and their float32 sum once
+    (unit roundoff u: 2^-8 bf16, 2^-11 fp16). Over the owned elements
+        ||got - want|| <= 2 u (sum_r ||g_r|| + ||g||)      (2: float32 compute, u^2 terms)
+    plus fp16's subnormal spacing; and the reported norm within the same bound of the oracle's. A
+    scale off by N is off by (1 - 1/N) ||g||: >= 50% at N >= 2, against a bound of (N + 1) 2u
+    (~2-7% for bf16 at N = 2-8, <1% for fp16)."""
+    sizes, comm = SIZES[0], MPI.COMM_WORLD
+    n_ranks = comm.Get_size()
+    loss_scale = 1024.0 if dtype == np.float16 else 1.0
+    batches = make_batches(sizes, 1)
+    engine, results = train_zero(stage, sizes, dtype, batches, loss_scale=loss_scale)
+    assert results[0].applied
+    x, labels = batches[0]
+    params16 = [(w.astype(dtype), b.astype(dtype)) for w, b in initial_weights(sizes, 0)]
+    _, want = loss_and_grads(params16, x, labels)
+    rows = x.shape[0] // n_ranks                      # rank r's rows: helpers.run_steps's split
+    partials = [[(dw * rows / x.shape[0], db * rows / x.shape[0]) for dw, db in
+                 loss_and_grads(params16, x[r * rows:(r + 1) * rows], labels[r * rows:(r + 1) * rows])[1]]
+                for r in range(n_ranks)]
+    u = UNIT_ROUNDOFF[dtype]
+
+    def flat(layer, grads):
+        dw, db = grads[layer.index]
+        return np.concatenate([dw.ravel(), db.ravel(), np.zeros(layer.padded - layer.numel)])
+
+    diff_sq = bound = want_sq = 0.0                      # over this rank's owned elements
+    for layer in engine.layout.layers:
+        owned = engine.stage.owned(layer)
+        lo, hi = owned.range
+        got = owned.grad.astype(np.float64) / loss_scale
+        expected = flat(layer, want)[lo:hi]
+        diff_sq += np.sum((got - expected) ** 2)
+        want_sq += np.sum(expected ** 2)
+        bound += np.linalg.norm(expected) + sum(np.linalg.norm(flat(layer, p)[lo:hi]) for p in partials)
+    subnormal = (n_ranks + 1) * 2.0 ** -24 / loss_scale * np.sqrt(engine.layout.shard_numel) if dtype == np.float16 else 0.0
+    bound = 2 * u * bound + subnormal
+    assert np.sqrt(diff_sq) <= bound
+    total_diff = np.sqrt(comm.allreduce(diff_sq))
+    total_bound = np.sqrt(comm.allreduce(bound ** 2))
+    assert total_diff <= total_bound
+    assert abs(results[0].grad_norm - global_norm(want)) <= total_bound
+    assert comm.allreduce(want_sq) > 0                      # the gradient is not all zeros
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("stage", STAGES)
