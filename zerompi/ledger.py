@@ -4,18 +4,24 @@ Every number the training report prints comes from here, and everything here is 
 moment a buffer is allocated or a collective is called, from the buffer itself (its .nbytes),
 never from a formula. The report then prints these counts beside the formulas of zerompi.memory.
 
-MemoryLedger: every buffer of the training state is allocated through `alloc`, by kind:
+MemoryLedger: every buffer that the engine allocates for training (zerompi/engine.py: the stage's
+parameters, gradients and optimizer state, the communicator's staging, the MLP's activations and
+work buffers) is allocated through `alloc`, by kind:
     params, grads, optimizer   the model state that ZeRO partitions (compared with the formulas)
-    work                       one-layer buffers (stage 2-3 gradient bucket and parameter gather,
-                               float32 staging for 16-bit reductions and compute; stage 0's
+    work                       one-layer buffers (stage 2-3 layer gradient buffer, stage 3's
+                               parameter gather, float32 staging for 16-bit reductions and compute; stage 0's
                                staging holds a gradient bucket), Adam's chunk scratch, --overlap's
                                second buffers, pinned host staging on a GPU, the GPU GEMMs' row of
                                ones and 1 x 1 sum of squares: each allocated only where its code
-                               path runs
+                               path runs; the step's sums (zerompi/step.py)
     activations                the forward/backward activation buffers of the local batch, the
                                loss's per-row work buffers and its (loss, correct) totals
-Nothing is allocated or freed inside the training loop, so the live total is also the peak. The
-OS-measured peak resident set size (getrusage) is reported beside it.
+It does not count the dataset, the batch buffers the training program fills from it each step
+(zerompi/train/batches.py), the buffers of checkpoints, weight files and the end-of-run report, or
+the memory of Python, NumPy and MPI themselves: the OS-measured peak resident set size (getrusage),
+reported beside it, covers the whole process. No array is allocated or freed inside the training
+loop, so the live total is also the peak (tests/mpi/test_allocations_within_stage_bounds.py
+measures both with tracemalloc).
 
 CommLedger: every collective records its operation, its purpose (GRADS, PARAMS, METRICS, IO below),
 the bytes of the buffer handed to MPI, the per-rank ring volume, and its wall time; then it tells
