@@ -5,8 +5,9 @@
     reshard           a (N=2, stage 3) checkpoint resumed at (N=3, stage 1) and (N=1, stage 0)
     preemption        SIGUSR1 / SIGTERM to mpirun: exit 4, one "signalled" line, a complete checkpoint
                       at that step; --resume finishes bitwise like an uninterrupted run
-    kill during save  rank 1 SIGKILLs itself inside the step-20 save: no hang, `latest` still names
-                      step 10, and resuming gives the uninterrupted run's weights
+    kill during save  rank 1 SIGKILLs itself inside the step-20 save (tests/support/kill_during_save.py):
+                      no hang, `latest` still names step 10, and resuming gives the uninterrupted
+                      run's weights
     rotation          --keep-last; a crafted `parent` in a manifest never deletes anything
     manifests         an edited one is refused; a version-1 one resumes, saying it is not verified
     `latest`          a failed write of it keeps the checkpoint; missing, stale or a FIFO: --resume
@@ -36,6 +37,7 @@ from test_cli import ERROR_MARK, _mpirun, files_under, launch, load_weights
 from test_checkpoint_files import CHECKSUM, as_version_1, edit_manifest, snapshot
 
 TIMEOUT = 120                   # seconds for one launch before it is killed
+KILL_DURING_SAVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "kill_during_save.py")
 COMMON = ["--hidden", "9,7", "--batch-size", 12, "--data", "synthetic", "--report", "none",
           "--log-every", 0]
 STEP10, STEP20, STEP30 = "step_00000010", "step_00000020", "step_00000030"
@@ -219,7 +221,7 @@ def test_rank_killed_during_save_leaves_the_previous_checkpoint_and_resume_is_ex
     flags = ["--stage", 3, "--steps", 30, *COMMON]
     env = dict(os.environ, ZEROMPI_KILL_DURING_SAVE="1:20")
     killed = launch(2, *flags, "--save-dir", "ck", "--save-every", 10, "--save-weights", "never.npz",
-                    cwd=tmp_path, env=env, timeout=60)
+                    cwd=tmp_path, env=env, timeout=60, program=(KILL_DURING_SAVE, "-m", "zerompi.train"))
     assert killed.returncode != 0, killed.describe()
     assert killed.seconds < 60, killed.describe()
     save_dir = tmp_path / "ck"

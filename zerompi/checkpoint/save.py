@@ -28,7 +28,6 @@ lineage. A folder is removed file by file, manifest first, then the empty folder
 recursive delete.
 """
 import os
-import signal
 import zlib
 
 import numpy as np
@@ -39,9 +38,6 @@ from .params import held_params
 from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, manifest_text, on_disk,
                     read_manifest, shard_file_name, step_folder_name, step_folder_problem, step_of,
                     write_text_atomically)
-
-KILL_DURING_SAVE = "ZEROMPI_KILL_DURING_SAVE"   # fault injection for tests: "rank:step" SIGKILLs that
-                                                # rank after its first shard file of that step's save
 
 
 def state_kinds(stage):
@@ -118,7 +114,6 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
             path = os.path.join(partial, shard_file_name(comm.rank, kind))
             offsets[i], _, file_crcs = write_shard_file(path, dtype, segments)
             crcs[i, :len(file_crcs)] = file_crcs
-            _maybe_kill(comm.rank, training_state["step"])
     except OSError as e:
         error = f"cannot write checkpoint shard in {partial}: {e.strerror or e}"
     if comm.any_failed(error):
@@ -237,9 +232,3 @@ def remove_checkpoint(folder, manifest):
     for entry in manifest["files"]:
         os.unlink(os.path.join(folder, entry["path"]))
     os.rmdir(folder)
-
-
-def _maybe_kill(rank, step):
-    target = os.environ.get(KILL_DURING_SAVE)
-    if target and target == f"{rank}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
