@@ -157,7 +157,8 @@ def latest_checkpoint(save_dir):
         raise CheckpointError(f"{pointer}: not text: not a pointer to a checkpoint") from None
     problem = step_folder_problem(save_dir, name)
     if problem:
-        raise CheckpointError(f"{pointer}: names {name!r}, {problem}")
+        shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)}+ characters)"
+        raise CheckpointError(f"{pointer}: names {shown}, {problem}")
     return os.path.join(save_dir, name)
 
 
@@ -211,13 +212,13 @@ def find_checkpoint(save_dir):
         problem = f"{pointer}: missing"
     if not manifests:
         if any(step_of(name) for name in _names_in(save_dir)):
-            raise CheckpointError(f"{problem}, and no step folder of {save_dir} has a manifest that verifies: "
+            raise CheckpointError(f"{problem}, and no step folder of {save_dir} has a manifest that checks out: "
                                   f"pass --resume FOLDER, or move them away to start from step 0")
         if os.path.lexists(pointer):
             raise CheckpointError(f"{problem}, and {save_dir} holds no step folder")
         return None, None
     newest = os.path.join(save_dir, max(manifests, key=step_of))
-    return newest, f"{problem}: using {newest}, the newest checkpoint whose manifest verifies"
+    return newest, f"{problem}: using {newest}, the newest checkpoint whose manifest checks out"
 
 
 def _names_in(folder):

@@ -83,8 +83,8 @@ def read_header(path):
     end, previous = 0, None
     for (begin, stop), name in spans:
         if begin < end:
-            raise SafetensorsError(f"{path}: tensors {previous!r} and {name!r} overlap (data offsets up to "
-                                   f"{end} and from {begin})")
+            raise SafetensorsError(f"{path}: tensors {previous!r} and {name!r} overlap (the first ends at "
+                                   f"{end}, the second begins at {begin})")
         if begin > end:
             raise SafetensorsError(f"{path}: a gap before tensor {name!r}: bytes {end}..{begin} of the data "
                                    f"belong to no tensor")
