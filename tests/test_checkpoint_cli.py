@@ -5,9 +5,15 @@
     reshard           a (N=2, stage 3) checkpoint resumed at (N=3, stage 1) and (N=1, stage 0)
     preemption        SIGUSR1 / SIGTERM to mpirun: exit 4, one "signalled" line, a complete checkpoint
                       at that step; --resume finishes bitwise like an uninterrupted run
-    kill during save  rank 1 SIGKILLs itself inside the step-20 save: no hang, `latest` still names
-                      step 10, and resuming gives the uninterrupted run's weights
-    rotation          --keep-last
+    kill during save  rank 1 SIGKILLs itself inside the step-20 save (tests/support/kill_during_save.py):
+                      no hang, `latest` still names step 10, and resuming gives the uninterrupted
+                      run's weights
+    rotation          --keep-last; a crafted `parent` in a manifest never deletes anything
+    manifests         an edited one is refused; a version-1 one resumes, saying it is not verified
+    `latest`          a failed write of it keeps the checkpoint; missing, stale or a FIFO: --resume
+                      uses the newest verified checkpoint and says so
+    the lock          a second run on one --save-dir is refused naming the holder; a dead holder's
+                      lock is taken over; nothing but stale .partial-step_* folders is removed
     flags             --resume on an empty --save-dir, conflicting flags, a changed data order,
                       resuming a finished run, a corrupt checkpoint found by one rank only
 
@@ -19,6 +25,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,9 +34,10 @@ import numpy as np
 import pytest
 
 from test_cli import ERROR_MARK, _mpirun, files_under, launch, load_weights
-from test_checkpoint_files import snapshot
+from test_checkpoint_files import CHECKSUM, as_version_1, edit_manifest, snapshot
 
 TIMEOUT = 120                   # seconds for one launch before it is killed
+KILL_DURING_SAVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "kill_during_save.py")
 COMMON = ["--hidden", "9,7", "--batch-size", 12, "--data", "synthetic", "--report", "none",
           "--log-every", 0]
 STEP10, STEP20, STEP30 = "step_00000010", "step_00000020", "step_00000030"
@@ -196,7 +204,7 @@ def test_signal_writes_a_checkpoint_exits_4_and_resume_is_exact(signum, uninterr
     assert latest_name(save_dir) == f"step_{step:08d}"
     assert manifest_of(save_dir / f"step_{step:08d}")["step"] == step
     assert f"step {step} " in inspect_ok("ck", tmp_path)
-    assert not [n for n in os.listdir(save_dir) if n.startswith(".partial-")]
+    assert not [n for n in os.listdir(save_dir) if n.startswith(".partial-") or n == ".lock"]
 
     run = train_ok(2, "--steps", step + 5, *flags, "--save-dir", "ck", "--resume", "--save-weights", "r.npz",
                    cwd=tmp_path)
@@ -213,13 +221,13 @@ def test_rank_killed_during_save_leaves_the_previous_checkpoint_and_resume_is_ex
     flags = ["--stage", 3, "--steps", 30, *COMMON]
     env = dict(os.environ, ZEROMPI_KILL_DURING_SAVE="1:20")
     killed = launch(2, *flags, "--save-dir", "ck", "--save-every", 10, "--save-weights", "never.npz",
-                    cwd=tmp_path, env=env, timeout=60)
+                    cwd=tmp_path, env=env, timeout=60, program=(KILL_DURING_SAVE, "-m", "zerompi.train"))
     assert killed.returncode != 0, killed.describe()
     assert killed.seconds < 60, killed.describe()
     save_dir = tmp_path / "ck"
     assert latest_name(save_dir) == STEP10, killed.describe()
     assert not (save_dir / STEP20).exists() and not (tmp_path / "never.npz").exists()
-    assert set(os.listdir(save_dir)) <= {"latest", STEP10, ".partial-" + STEP20}, os.listdir(save_dir)
+    assert set(os.listdir(save_dir)) <= {"latest", STEP10, ".partial-" + STEP20, ".lock"}, os.listdir(save_dir)
     partial = save_dir / (".partial-" + STEP20)
     if partial.exists():          # rank 1 died right after its first shard file: no manifest was written
         assert "rank00001.params.npy" in os.listdir(partial) and "manifest.json" not in os.listdir(partial)
@@ -389,3 +397,185 @@ def test_fp16_resume_before_the_first_applied_step_is_bitwise_exact(tmp_path):
              cwd=tmp_path)
     assert_bitwise_equal(load_weights(tmp_path / "resumed.npz"), load_weights(tmp_path / "straight.npz"),
                          "fp16 resumed before the first applied step")
+
+
+# ----------------------------------------------------------------------------------------------
+# Crafted manifests: nothing outside the lineage's verified step folders is ever deleted
+# ----------------------------------------------------------------------------------------------
+
+STEP2, STEP4, STEP6 = "step_00000002", "step_00000004", "step_00000006"
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    """ck/ of a 4-step N=2 run saved every 2 steps: step_00000002 (parent None), step_00000004."""
+    folder = tmp_path_factory.mktemp("four-steps")
+    train_ok(2, "--steps", 4, "--save-every", 2, *COMMON, "--save-dir", "ck", cwd=folder)
+    assert sorted(os.listdir(folder / "ck")) == ["latest", STEP2, STEP4]
+    assert manifest_of(folder / "ck" / STEP4)["parent"] == STEP2
+    return folder / "ck"
+
+
+def with_victim(four_steps, tmp_path):
+    shutil.copytree(four_steps, tmp_path / "ck")
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "data.txt").write_text("precious")
+    return tmp_path / "ck"
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["checksum-recomputed", "hand-edited"])
+def test_resume_from_a_manifest_whose_parent_leaves_the_save_dir_is_refused(sealed, four_steps, tmp_path):
+    """The repro of the issue: `parent` = "../victim" in the checkpoint resumed from."""
+    save_dir = with_victim(four_steps, tmp_path)
+    edit_manifest(save_dir / STEP4, lambda m: m.__setitem__("parent", "../victim"), sealed=sealed)
+    before = snapshot(tmp_path)
+    run = launch(2, "--steps", 6, *COMMON, "--save-dir", "ck", "--resume", "--keep-last", 2, cwd=tmp_path,
+                 timeout=60)
+    fails_once(run, 2, f"ck/{STEP4}/manifest.json", "parent '../victim'" if sealed else CHECKSUM)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("parent", ["../victim", "ABSOLUTE", ".", "step_00000002/../../victim", "LINK"],
+                         ids=["outside", "absolute", "the-save-dir", "through-a-step", "symlinked-step"])
+def test_rotation_follows_only_verified_parents(parent, four_steps, tmp_path):
+    """The crafted parent sits one checkpoint further back (step 2's manifest, checksum
+    recomputed): resuming from step 4 with --keep-last 1 deletes step 4 and nothing else."""
+    save_dir = with_victim(four_steps, tmp_path)
+    if parent == "ABSOLUTE":
+        parent = str(tmp_path / "victim")
+    if parent == "LINK":
+        parent = "step_00000001"
+        os.symlink(tmp_path / "victim", save_dir / parent)
+    edit_manifest(save_dir / STEP2, lambda m: m.__setitem__("parent", parent))
+    victim = snapshot(tmp_path / "victim")
+    train_ok(2, "--steps", 6, *COMMON, "--save-dir", "ck", "--resume", "--keep-last", 1, cwd=tmp_path)
+    assert snapshot(tmp_path / "victim") == victim
+    assert latest_name(save_dir) == STEP6 and not (save_dir / STEP4).exists()
+    assert (save_dir / STEP2).is_dir() or parent == "step_00000001"
+    assert sorted(os.listdir(tmp_path)) == ["ck", "victim"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The manifest's checksum; version 1
+# ----------------------------------------------------------------------------------------------
+
+def test_a_hand_edited_adam_steps_is_refused_and_a_version_1_manifest_resumes_with_a_note(four_steps, tmp_path):
+    shutil.copytree(four_steps, tmp_path / "ck")
+    save_dir = tmp_path / "ck"
+    edit_manifest(save_dir / STEP4, lambda m: m.__setitem__("adam_steps", 5), sealed=False)
+    run = launch(2, "--steps", 6, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path, timeout=60)
+    fails_once(run, 2, f"ck/{STEP4}/manifest.json", CHECKSUM)
+
+    shutil.rmtree(save_dir)
+    shutil.copytree(four_steps, save_dir)
+    as_version_1(save_dir / STEP4)
+    run = train_ok(2, "--steps", 6, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path)
+    assert run.output.count("not verified") == 1, run.describe()
+    line = next(line for line in run.output.splitlines() if "not verified" in line)
+    assert f"ck/{STEP4}/manifest.json" in line and "version 1" in line, run.describe()
+    assert f"resumed from ck/{STEP4} at step 4" in run.stdout, run.describe()
+    assert manifest_of(save_dir / STEP6)["version"] == 2 and CHECKSUM in manifest_of(save_dir / STEP6)
+
+
+# ----------------------------------------------------------------------------------------------
+# `latest`: a failed write keeps the checkpoint; resume finds the newest verified one
+# ----------------------------------------------------------------------------------------------
+
+def test_a_failed_write_of_latest_keeps_the_checkpoint_and_resume_finds_it(tmp_path):
+    train_ok(2, "--steps", 2, *COMMON, "--save-dir", "ck", cwd=tmp_path)
+    save_dir = tmp_path / "ck"
+    os.unlink(save_dir / "latest")
+    (save_dir / "latest").mkdir()                  # os.replace onto it fails: `latest` cannot be written
+    (save_dir / "latest" / "keep").write_text("")
+    run = launch(2, "--steps", 4, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path, timeout=60)
+    line = fails_once(run, 2, f"ck/{STEP4}", "ck/latest")
+    assert "incomplete" not in line and "cannot complete" not in line, run.describe()
+    assert "complete" in line, run.describe()
+    assert manifest_of(save_dir / STEP4)["step"] == 4 and (save_dir / STEP2).is_dir()
+
+    run = train_ok(2, "--steps", 4, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path)
+    assert f"resumed from ck/{STEP4} at step 4" in run.stdout, run.describe()
+    notes = [line for line in run.output.splitlines() if "ck/latest" in line]
+    assert len(notes) == 1 and f"using ck/{STEP4}" in notes[0], run.describe()
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda d: os.unlink(d / "latest"), "missing"),
+    (lambda d: (d / "latest").write_text(STEP2 + "\n"), "continues from it"),
+    (lambda d: (os.unlink(d / "latest"), os.mkfifo(d / "latest")), "FIFO"),
+], ids=["missing", "stale", "a-fifo"])
+def test_resume_uses_the_newest_verified_checkpoint_when_latest_is_missing_stale_or_unusable(make, says, four_steps,
+                                                                                            tmp_path):
+    shutil.copytree(four_steps, tmp_path / "ck")
+    make(tmp_path / "ck")
+    run = train_ok(2, "--steps", 6, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path)
+    assert f"resumed from ck/{STEP4} at step 4" in run.stdout, run.describe()
+    notes = [line for line in run.output.splitlines() if "ck/latest" in line]
+    assert len(notes) == 1 and says in notes[0] and f"using ck/{STEP4}" in notes[0], run.describe()
+    assert latest_name(tmp_path / "ck") == STEP6
+
+
+# ----------------------------------------------------------------------------------------------
+# The lock: one run per --save-dir
+# ----------------------------------------------------------------------------------------------
+
+def write_lock(save_dir, host, pid):
+    save_dir.mkdir(exist_ok=True)
+    (save_dir / ".lock").write_text(f"{host} {pid}\n")
+
+
+def a_dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("host, remove_it", [(None, False), ("node-elsewhere.example", True)],
+                         ids=["live-holder-here", "holder-on-another-host"])
+def test_a_save_dir_locked_by_another_run_is_refused_naming_the_holder(host, remove_it, four_steps, tmp_path):
+    shutil.copytree(four_steps, tmp_path / "ck")
+    holder_host, holder_pid = host or socket.gethostname(), os.getpid()      # this test process: alive
+    write_lock(tmp_path / "ck", holder_host, holder_pid)
+    before = files_under(tmp_path)
+    run = launch(2, "--steps", 6, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path, timeout=60)
+    line = fails_once(run, 2, "ck/.lock", holder_host, str(holder_pid))
+    assert ("remove ck/.lock" in line) == remove_it, run.describe()
+    assert files_under(tmp_path) == before
+
+
+def test_a_lock_of_a_dead_run_is_taken_over_and_only_stale_partial_steps_are_removed(four_steps, tmp_path):
+    shutil.copytree(four_steps, tmp_path / "ck")
+    save_dir = tmp_path / "ck"
+    dead = a_dead_pid()
+    write_lock(save_dir, socket.gethostname(), dead)
+    (save_dir / ".partial-step_00000099").mkdir()                   # left by the dead run
+    (save_dir / ".partial-step_00000099" / "rank00000.m.npy").write_text("")
+    (save_dir / ".partial-notes").mkdir()                             # not zerompi's
+    run = train_ok(2, "--steps", 6, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path)
+    notes = [line for line in run.output.splitlines() if "stale" in line]
+    assert len(notes) == 1 and "ck/.lock" in notes[0] and str(dead) in notes[0], run.describe()
+    assert sorted(os.listdir(save_dir)) == [".partial-notes", "latest", STEP2, STEP4, STEP6]
+
+
+def test_two_runs_on_one_save_dir_the_second_is_refused_and_the_first_finishes(tmp_path):
+    args = [_mpirun(), "-n", "2", sys.executable, "-m", "zerompi.train", "--steps", "1000000", "--save-every", "3",
+            "--keep-last", "2", "--save-dir", "ck", *map(str, COMMON), "--log-every", "200"]
+    first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        for line in first.stdout:                      # running: its lock is held, saves under way
+            if line.startswith("step ") and "| loss" in line:
+                break
+        second = launch(2, "--steps", 30, "--save-every", 1, *COMMON, "--save-dir", "ck", cwd=tmp_path, timeout=60)
+        line = fails_once(second, 2, "ck/.lock", socket.gethostname())
+        first.send_signal(signal.SIGTERM)
+        output = first.communicate(timeout=60)[0]
+    finally:
+        if first.poll() is None:
+            _kill_group(first)
+            first.wait()
+    assert first.returncode == 4 and "Traceback" not in output and ERROR_MARK not in output, output
+    assert re.search(r"held by .* pid \d+", line), line
+    names = os.listdir(tmp_path / "ck")
+    assert ".lock" not in names and not [n for n in names if n.startswith(".partial-")], names
+    inspect_ok("ck", tmp_path)

@@ -18,8 +18,10 @@ a module fixture runs the real CLI once per dtype (`mpirun -n 2 python -m zeromp
     full disk         a real ENOSPC (a 64 KiB tmpfs): exit 2, one line naming the folder and "No
                       space left", and the previous complete checkpoint untouched and still usable
 """
+import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -105,9 +107,24 @@ def manifest_of(folder):
         return json.load(f)
 
 
-def edit_manifest(folder, edit):
+CHECKSUM = "manifest_sha256"
+
+
+def seal(manifest):
+    """Give the manifest the checksum of its content, computed as docs/checkpoints.md describes
+    (independently of zerompi.checkpoint): what someone who edits a manifest on purpose can do."""
+    body = {key: value for key, value in manifest.items() if key != CHECKSUM}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    manifest[CHECKSUM] = hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def edit_manifest(folder, edit, sealed=True):
+    """Apply edit(manifest) to the folder's manifest; sealed: with a recomputed checksum, so that
+    only the check under test can refuse it."""
     manifest = manifest_of(folder)
     edit(manifest)
+    if sealed:
+        seal(manifest)
     with open(os.path.join(folder, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
 
@@ -340,16 +357,19 @@ BAD_CHECKPOINTS = [
     ("crc-list-empty", _manifest_edit(lambda m: m["files"][4].__setitem__("crc32", [])),
      f"{STEP}/manifest.json", "0 checksums for 1 blocks"),
     ("wrong-format", _set("format", "something-else"), f"{STEP}/manifest.json", "format 'something-else'"),
-    ("wrong-version", _set("version", 2), f"{STEP}/manifest.json", "version 2"),
+    ("wrong-version", _set("version", 3), f"{STEP}/manifest.json", "version 3"),
     ("missing-rank-file", lambda d: os.unlink(d / STEP / "rank00001.v.npy"), f"{STEP}/rank00001.v.npy",
      "missing"),
     ("missing-manifest", lambda d: os.unlink(d / STEP / "manifest.json"), f"{STEP}/manifest.json", "missing"),
     ("manifest-missing-key", _manifest_edit(lambda m: m.pop("units")), f"{STEP}/manifest.json",
      "malformed manifest"),
-    ("latest-outside", _latest_outside, "ck/latest", "'../elsewhere'"),
-    ("latest-absolute", lambda d: (d / "latest").write_text(str(d / STEP)), "ck/latest", "not a folder inside"),
-    ("latest-names-nothing", lambda d: (d / "latest").write_text("step_00000099\n"), "ck/step_00000099",
-     "no such checkpoint folder"),
+    ("parent-outside", _set("parent", "../victim"), f"{STEP}/manifest.json", "parent '../victim'"),
+    ("parent-dot", _set("parent", "."), f"{STEP}/manifest.json", "parent '.'"),
+    ("parent-absolute", _set("parent", "/tmp"), f"{STEP}/manifest.json", "parent '/tmp'"),
+    ("parent-through-a-step", _set("parent", "step_00000003/../../victim"), f"{STEP}/manifest.json",
+     "parent 'step_00000003/../../victim'"),
+    ("manifest-nested-deep", lambda d: (d / STEP / "manifest.json").write_text("[" * 100000 + "]" * 100000),
+     f"{STEP}/manifest.json", "not a readable manifest"),
 ]
 
 # Hand-edits that only a consistency check of the manifest's numbers catches:
@@ -410,6 +430,377 @@ def test_checkpoint_of_another_model_shape_is_refused(checkpoints, tmp_path):
     assert not (tmp_path / "never.npz").exists()
     assert checkpoint_tool("inspect", "ck", cwd=tmp_path).returncode == 0
     assert snapshot(save_dir) == before
+
+
+# ----------------------------------------------------------------------------------------------
+# The manifest's checksum (format version 2); version 1 still loads
+# ----------------------------------------------------------------------------------------------
+
+UNSEALED_EDITS = [
+    ("adam-steps", lambda m: m.__setitem__("adam_steps", 7)),
+    ("step", lambda m: m.__setitem__("step", 7)),
+    ("loss-scale", lambda m: m.__setitem__("loss_scale", 2.0)),
+    ("checksum-removed", lambda m: m.pop(CHECKSUM, None)),
+    ("checksum-of-something-else", lambda m: m.__setitem__(CHECKSUM, "0" * 64)),
+    ("checksum-not-a-string", lambda m: m.__setitem__(CHECKSUM, 12345)),
+]
+
+
+@pytest.mark.parametrize("edit", [pytest.param(edit, id=name) for name, edit in UNSEALED_EDITS])
+def test_a_hand_edited_version_2_manifest_is_refused_by_its_checksum(edit, checkpoints, tmp_path):
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    assert manifest_of(save_dir / STEP)["version"] == 2
+    edit_manifest(save_dir / STEP, edit, sealed=False)
+    before = snapshot(save_dir)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(fresh_engine(), str(save_dir / STEP))
+    message = str(caught.value)
+    assert "\n" not in message and f"{STEP}/manifest.json" in message and CHECKSUM in message, message
+    result = checkpoint_tool("inspect", "ck", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", describe(result)
+    assert len(result.stderr.splitlines()) == 1 and CHECKSUM in result.stderr, describe(result)
+    assert snapshot(save_dir) == before
+
+
+def as_version_1(folder):
+    """Rewrite a checkpoint's manifest as format version 1 wrote it: the same fields, no checksum."""
+    edit_manifest(folder, lambda m: (m.pop(CHECKSUM, None), m.__setitem__("version", 1)), sealed=False)
+
+
+def test_a_version_1_checkpoint_loads_and_says_its_manifest_is_not_verified(checkpoints, tmp_path):
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    as_version_1(save_dir / STEP)
+    state = load_checkpoint(fresh_engine(), str(save_dir / STEP))
+    assert state["step"] == 6
+    result = checkpoint_tool("inspect", "ck", cwd=tmp_path)
+    assert result.returncode == 0 and "step 6 " in result.stdout, describe(result)
+    lines = [line for line in result.stdout.splitlines() if "not verified" in line]
+    assert len(lines) == 1 and "version 1" in lines[0] and f"{STEP}/manifest.json" in lines[0], describe(result)
+    healthy = checkpoint_tool("inspect", "ck/step_00000003", cwd=tmp_path)
+    assert healthy.returncode == 0 and "not verified" not in healthy.stdout, describe(healthy)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sizes a manifest declares: checked against its own lists, the files and the memory first
+# ----------------------------------------------------------------------------------------------
+
+def memory_limit(limit_bytes):
+    """For subprocess preexec_fn: an address-space limit, so that a runaway allocation fails at
+    once instead of taking the machine's memory."""
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def checkpoint_tool_limited(*args, cwd, limit=3 << 30):
+    return subprocess.run([sys.executable, "-m", "zerompi.checkpoint", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=TOOL_TIMEOUT, stdin=subprocess.DEVNULL,
+                          preexec_fn=memory_limit(limit))
+
+
+def _claim_ranks(ranks):
+    """A layout that is consistent for `ranks` writers (one element each), in a 2 KB manifest."""
+    def edit(m):
+        m["ranks"] = ranks
+        for offset, layer in enumerate(m["units"]):
+            layer["shard_size"], layer["padded"], layer["shard_offset"] = 1, ranks, offset
+    return edit
+
+
+def test_a_manifest_declaring_a_billion_ranks_is_refused_before_anything_is_built(checkpoints, tmp_path):
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    edit_manifest(save_dir / STEP, _claim_ranks(10 ** 9))
+    result = checkpoint_tool_limited("inspect", "ck", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", describe(result)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and f"{STEP}/manifest.json" in lines[0] and "1000000000 ranks" in lines[0], \
+        describe(result)
+
+
+def _claim_sizes(sizes, block_bytes=1 << 42):
+    """The layout an N-rank writer of an MLP of these sizes would have declared (consistent, with
+    one CRC per file): what a crafted manifest can claim."""
+    def edit(m):
+        ranks, offset = m["ranks"], 0
+        m["sizes"], m["block_bytes"], m["units"] = sizes, block_bytes, []
+        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+            numel = n_out * n_in + n_out
+            shard = -(-numel // ranks)
+            m["units"].append({"names": [f"layers.{i}.weight", f"layers.{i}.bias"],
+                               "shapes": [[n_out, n_in], [n_out]], "numel": numel, "padded": shard * ranks,
+                               "shard_size": shard, "shard_offset": offset})
+            offset += shard
+        for entry in m["files"]:
+            entry["data_bytes"] = offset * np.dtype(m["kinds"][entry["kind"]]).itemsize
+            entry["crc32"] = [0] * -(-entry["data_bytes"] // block_bytes)
+    return edit
+
+
+def _sparse_shards(save_dir):
+    """Grow every shard file to the size the manifest declares, as holes (no disk space)."""
+    for entry in manifest_of(save_dir / STEP)["files"]:
+        try:
+            os.truncate(save_dir / STEP / entry["path"], entry["data_offset"] + entry["data_bytes"])
+        except OSError as e:
+            pytest.skip(f"this file system cannot hold a {entry['data_bytes']:,}-byte sparse file: {e}")
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["files-as-written", "sparse-files-of-that-size"])
+def test_consolidate_of_huge_declared_sizes_is_refused_before_allocating(sparse, checkpoints, tmp_path):
+    """sizes [10^6, 10^6, 10]: a first tensor of 10^12 float32 (4 TB)."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    edit_manifest(save_dir / STEP, _claim_sizes([10 ** 6, 10 ** 6, 10]))
+    if sparse:
+        _sparse_shards(save_dir)
+        result = checkpoint_tool("consolidate", "ck", "out.npz", cwd=tmp_path)
+    else:
+        result = checkpoint_tool_limited("consolidate", "ck", "out.npz", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", describe(result)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and f"ck/{STEP}" in lines[0], describe(result)
+    assert ("needs 4.0 TB" in lines[0]) if sparse else ("bytes, the manifest says" in lines[0]), describe(result)
+    assert not (tmp_path / "out.npz").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# `latest`: confined, never blocking; resume falls back to the newest verified checkpoint
+# ----------------------------------------------------------------------------------------------
+
+def in_subprocess(code, cwd, timeout=20):
+    """python -c code in cwd -> its stdout; a hang (a FIFO opened for reading) fails the test."""
+    result = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                            timeout=timeout, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, describe(result)
+    return result.stdout.strip()
+
+
+READ_LATEST = """
+from zerompi.checkpoint import CheckpointError, latest_checkpoint
+from zerompi.checkpoint.files import read_manifest
+try:
+    print("read", read_manifest(latest_checkpoint("ck"))["step"])
+except CheckpointError as e:
+    print(e)
+"""
+
+
+def _write_latest(text):
+    return lambda save_dir: (save_dir / "latest").write_text(text)
+
+
+def _latest_replaced(make):
+    def replace(save_dir):
+        os.unlink(save_dir / "latest")
+        make(str(save_dir / "latest"))
+    return replace
+
+
+def _latest_symlinked_step(save_dir):
+    shutil.copytree(save_dir / STEP, save_dir.parent / "elsewhere")
+    os.symlink(save_dir.parent / "elsewhere", save_dir / "step_00000009")
+    (save_dir / "latest").write_text("step_00000009\n")
+
+
+UNUSABLE_LATEST = [
+    # id, make `latest` unusable, what the one line naming ck/latest says
+    ("outside", _latest_outside, "'../elsewhere'"),
+    ("absolute", lambda d: (d / "latest").write_text(str(d / STEP)), "not a checkpoint folder"),
+    ("dot-dot", _write_latest(STEP + "/.."), f"'{STEP}/..'"),
+    ("through-a-step", _write_latest(STEP + "/../step_00000003"), "not a checkpoint folder"),
+    ("names-nothing", _write_latest("step_00000099\n"), "step_00000099"),
+    ("empty", _write_latest(""), "''"),
+    ("a-folder", _latest_replaced(os.mkdir), "is a folder"),
+    ("a-fifo", _latest_replaced(os.mkfifo), "FIFO"),
+    ("symlinked-step-folder", _latest_symlinked_step, "symbolic link"),
+]
+
+
+@pytest.mark.parametrize("make_bad, says", [pytest.param(*case[1:], id=case[0]) for case in UNUSABLE_LATEST])
+def test_an_unusable_latest_is_named_and_the_newest_verified_checkpoint_is_used(make_bad, says, checkpoints,
+                                                                                tmp_path):
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    make_bad(save_dir)
+    line = in_subprocess(READ_LATEST, cwd=tmp_path)
+    assert line.startswith("ck/latest") and says in line and "\n" not in line, line
+    result = checkpoint_tool("inspect", "ck", cwd=tmp_path)
+    assert result.returncode == 0 and f"ck/{STEP}: step 6 " in result.stdout, describe(result)
+    notes = [line for line in result.stdout.splitlines() if "ck/latest" in line]
+    assert len(notes) == 1 and says in notes[0] and f"using ck/{STEP}" in notes[0], describe(result)
+
+
+def _newest_edited(save_dir):
+    os.unlink(save_dir / "latest")
+    edit_manifest(save_dir / STEP, lambda m: m.__setitem__("adam_steps", 1), sealed=False)
+
+
+@pytest.mark.parametrize("make, used, says", [
+    (lambda d: os.unlink(d / "latest"), STEP, "missing"),
+    (_write_latest("step_00000003\n"), STEP, "continues from it"),
+    (_newest_edited, "step_00000003", "missing"),
+], ids=["latest-missing", "latest-stale", "latest-missing-newest-edited"])
+def test_resume_finds_the_newest_verified_checkpoint_when_latest_is_missing_or_stale(make, used, says,
+                                                                                    checkpoints, tmp_path):
+    """A stale `latest`: the save of the step after the one it names was complete, only the
+    rewrite of `latest` failed."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    healthy = checkpoint_tool("inspect", "ck", cwd=tmp_path)
+    assert healthy.returncode == 0 and "latest" not in healthy.stdout, describe(healthy)
+    make(save_dir)
+    result = checkpoint_tool("inspect", "ck", cwd=tmp_path)
+    assert result.returncode == 0 and f"ck/{used}: step " in result.stdout, describe(result)
+    notes = [line for line in result.stdout.splitlines() if "ck/latest" in line]
+    assert len(notes) == 1 and says in notes[0] and f"using ck/{used}" in notes[0], describe(result)
+
+
+def test_fifos_and_non_folders_are_refused_without_blocking(checkpoints, tmp_path):
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    for name in ("manifest.json", "rank00001.m.npy"):
+        os.unlink(save_dir / STEP / name)
+        os.mkfifo(save_dir / STEP / name)
+        result = checkpoint_tool("inspect", f"ck/{STEP}", cwd=tmp_path)
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, describe(result)
+        assert f"{STEP}/{name}" in result.stderr and "FIFO" in result.stderr, describe(result)
+        os.unlink(save_dir / STEP / name)
+        shutil.copy(checkpoints["float32"] / "ck" / STEP / name, save_dir / STEP / name)
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(CheckpointError, match=r"pipe: is a FIFO \(named pipe\), not a checkpoint folder"):
+        load_checkpoint(fresh_engine(), str(tmp_path / "pipe"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotation deletes only step folders that zerompi wrote and can verify
+# ----------------------------------------------------------------------------------------------
+
+def _symlinked_step(save_dir):
+    os.symlink(save_dir.parent / "victim", save_dir / "step_00000002")
+    return "step_00000002"
+
+
+def _step_with_a_stranger(save_dir):
+    (save_dir / "step_00000003" / "notes.txt").write_text("mine")
+    return "step_00000003"
+
+
+def _step_edited(save_dir):
+    edit_manifest(save_dir / "step_00000003", lambda m: m.__setitem__("adam_steps", 1), sealed=False)
+    return "step_00000003"
+
+
+ROTATION_PARENTS = [
+    # id, the parent step_00000006's manifest names (or a function making it and returning it)
+    ("outside", "../victim"),
+    ("absolute", lambda d: str(d.parent / "victim")),
+    ("the-save-dir", "."),
+    ("through-a-step", "step_00000003/../../victim"),
+    ("symlinked-step", _symlinked_step),
+    ("step-holding-another-file", _step_with_a_stranger),
+    ("step-with-an-edited-manifest", _step_edited),
+]
+
+
+@pytest.mark.parametrize("parent", [pytest.param(p, id=name) for name, p in ROTATION_PARENTS])
+def test_rotation_deletes_nothing_but_verified_step_folders(parent, checkpoints, tmp_path):
+    from zerompi.checkpoint.save import rotate
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "data.txt").write_text("precious")
+    name = parent(save_dir) if callable(parent) else parent
+    edit_manifest(save_dir / STEP, lambda m: m.__setitem__("parent", name))
+    everything = snapshot(tmp_path)
+    rotate(str(save_dir), 1, STEP)
+    assert snapshot(tmp_path) == everything, "rotation deleted something"
+
+
+def test_rotation_deletes_the_checkpoints_of_its_lineage_beyond_keep_last(checkpoints, tmp_path):
+    """The positive control of the test above: a verified parent is deleted."""
+    from zerompi.checkpoint.save import rotate
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    rotate(str(save_dir), 1, STEP)
+    assert sorted(os.listdir(save_dir)) == ["latest", STEP]
+
+
+# ----------------------------------------------------------------------------------------------
+# Messages that fit: the output's name, the run's dtype
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command, output", [("consolidate", "missing/out.npz"), ("export", "missing/out.safetensors"),
+                                             ("consolidate", "a-folder")])
+def test_checkpoint_command_errors_name_the_output_not_a_temporary_file(command, output, checkpoints, tmp_path):
+    copy_of(checkpoints, "float32", tmp_path)
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-folder" / "x").write_text("x")
+    result = checkpoint_tool(command, "ck", output, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", describe(result)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and f"error: {output}: " in lines[0] and ".tmp-" not in lines[0], describe(result)
+
+
+@pytest.mark.parametrize("dtype, says, never", [
+    ("float32", "beyond the range of float32", "train in"),
+    ("bf16", "beyond the range of bfloat16", "train in bf16"),
+    ("fp16", "float16 ends at 65504): train in bf16 or float32", None),
+])
+def test_initial_weights_beyond_the_dtype_get_advice_that_fits_the_run(dtype, says, never):
+    from zerompi.checkpoint.params import set_layer_params
+    from zerompi.checkpoint.training import _unrepresentable
+    engine = fresh_engine(dtype=dtype)
+    assert _unrepresentable(engine, "w.npz") is None
+    layer = engine.layout.layers[1]
+    with np.errstate(over="ignore"):
+        set_layer_params(engine.stage, layer, np.full(layer.numel, 1e300))
+    message = _unrepresentable(engine, "w.npz")
+    assert message.startswith("w.npz: layer 1 ") and says in message, message
+    assert never is None or never not in message, message
+
+
+# ----------------------------------------------------------------------------------------------
+# safetensors headers
+# ----------------------------------------------------------------------------------------------
+
+def raw_safetensors(path, header, data_bytes, header_text=None):
+    encoded = (header_text or json.dumps(header)).encode()
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little") + encoded + bytes(data_bytes))
+
+
+def f32(shape, begin, end):
+    return {"dtype": "F32", "shape": shape, "data_offsets": [begin, end]}
+
+
+BAD_SAFETENSORS = [
+    # id, header, data bytes, header text (None: the header as JSON), what the one line says
+    ("overlapping", {"w": f32([2], 0, 8), "b": f32([1], 4, 8)}, 8, None, "overlap"),
+    ("gap", {"w": f32([2], 0, 8), "b": f32([1], 12, 16)}, 16, None, "gap"),
+    ("not-from-0", {"w": f32([2], 4, 12)}, 12, None, "gap"),
+    ("trailing-bytes", {"w": f32([2], 0, 8)}, 12, None, "4 bytes after"),
+    ("same-range-twice", {"w": f32([2], 0, 8), "v": f32([2], 0, 8)}, 8, None, "overlap"),
+    ("shape-does-not-fit", {"w": f32([3], 0, 8)}, 8, None, "do not fit its shape"),
+    ("offsets-not-integers", {"w": f32([2], 0.0, 8)}, 8, None, "malformed"),
+    ("nested-deep", None, 0, "[" * 100000 + "]" * 100000, "not a safetensors file"),
+    ("huge-declared-shape", {"w": f32([10 ** 12, 10 ** 12], 0, 8)}, 8, None, "do not fit its shape"),
+]
+
+
+@pytest.mark.parametrize("header, data_bytes, text, says",
+                         [pytest.param(*case[1:], id=case[0]) for case in BAD_SAFETENSORS])
+def test_safetensors_whose_offsets_do_not_tile_the_data_are_refused(header, data_bytes, text, says, tmp_path):
+    from zerompi.checkpoint.safetensors_io import SafetensorsError
+    path = tmp_path / "bad.safetensors"
+    raw_safetensors(path, header, data_bytes, text)
+    with pytest.raises(SafetensorsError) as caught:
+        read_header(str(path))
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(str(path)) and says in message, message
+
+
+def test_safetensors_header_length_beyond_the_file_or_limit_is_refused(tmp_path):
+    from zerompi.checkpoint.safetensors_io import SafetensorsError
+    path = tmp_path / "long.safetensors"
+    path.write_bytes((1 << 62).to_bytes(8, "little") + b"{}")
+    with pytest.raises(SafetensorsError, match="header length"):
+        read_header(str(path))
+    good = tmp_path / "good.safetensors"
+    raw_safetensors(good, {"b": f32([1], 8, 12), "w": f32([2], 0, 8)}, 12)     # listed out of order: fine
+    header, _, _ = read_header(str(good))
+    assert sorted(header) == ["b", "w"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -202,7 +202,8 @@ def test_plain_scancel_checkpoints_but_does_not_requeue(slurm, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_rank_killed_under_srun_ends_the_job_instead_of_hanging(slurm, tmp_path):
-    env_flag = "--export=ALL,ZEROMPI_KILL_DURING_SAVE=1:20"
+    driver = os.path.join(ROOT, "tests", "support", "kill_during_save.py")      # "$ZEROMPI_PYTHON" -m zerompi.train
+    env_flag = f"--export=ALL,ZEROMPI_KILL_DURING_SAVE=1:20,ZEROMPI_PYTHON={driver}"
     started = time.time()
     code, job, result = submit("cpu_single_node.sbatch", tmp_path, env_flag,
                                args=["--steps", "40", "--save-every", "10", *SMALL])

@@ -4,26 +4,32 @@
     python -m zerompi.checkpoint consolidate CKPT OUT.npz     the model as one consolidated .npz
     python -m zerompi.checkpoint export CKPT OUT.safetensors [--optimizer]
 
-CKPT is a checkpoint folder (step_XXXXXXXX) or a --save-dir (its `latest` is used). Everything
-streams one tensor at a time; errors print one line and exit with status 2.
+CKPT is a checkpoint folder (one holding a manifest.json) or a --save-dir (the checkpoint
+--resume would continue from: zerompi/checkpoint/files.py, find_checkpoint; a line says so when
+that is not the one `latest` names). Everything streams one tensor at a time; errors print one
+line naming the file (the output's name for what cannot be written) and exit with status 2.
 """
 import argparse
 import os
 import sys
 
 from .export import consolidate, export_safetensors, verify_all
-from .files import LATEST, CheckpointError, latest_checkpoint, read_manifest
+from .files import MANIFEST, CheckpointError, find_checkpoint, read_manifest, unverified_note
 from .safetensors_io import SafetensorsError
 
 
 def resolve(path):
-    """A checkpoint folder: path itself, or the one path/latest names."""
-    if os.path.isfile(os.path.join(path, LATEST)):
-        return latest_checkpoint(path)
-    return path
+    """(a checkpoint folder: path itself, or the one found in the save dir path; a note or None)."""
+    if os.path.lexists(os.path.join(path, MANIFEST)):
+        return path, None
+    folder, note = find_checkpoint(path)
+    if folder is None:
+        raise CheckpointError(f"{path}: neither a checkpoint folder (no {MANIFEST}) nor a save directory "
+                              f"holding one")
+    return folder, note
 
 
-def inspect(folder):
+def inspect(folder, args):
     m = read_manifest(folder)
     files, blocks, total = verify_all(folder)
     print(f"{folder}: step {m['step']} (Adam step {m['adam_steps']}), ZeRO stage {m['stage']}, "
@@ -35,6 +41,26 @@ def inspect(folder):
         print(f"  {', '.join(layer['names'])}: {layer['numel']:,} elements, padded to {layer['padded']:,} "
               f"= {m['ranks']} x {layer['shard_size']:,}")
     print(f"  {files} shard files, {total:,} bytes: all {blocks} blocks match their CRC-32")
+    print(f"  {unverified_note(folder, m) or 'manifest: version 2, its SHA-256 matches'}")
+
+
+def write_consolidated(folder, args):
+    count = writing(args.output, consolidate, folder, args.output)
+    print(f"wrote {args.output}: {count} tensors from {folder}")
+
+
+def write_safetensors(folder, args):
+    count = writing(args.output, export_safetensors, folder, args.output, args.optimizer)
+    print(f"wrote {args.output}: {count} tensors from {folder}")
+
+
+def writing(output, write, *write_args):
+    """write(*write_args), with an error writing the output (a temporary file, renamed into
+    place) named as the output."""
+    try:
+        return write(*write_args)
+    except OSError as e:
+        raise CheckpointError(f"{output}: cannot be written: {e.strerror or e}") from None
 
 
 def main(argv=None):
@@ -43,24 +69,22 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("inspect", help="print the manifest and verify every checksum")
     p.add_argument("checkpoint", help="a checkpoint folder, or a --save-dir (its latest)")
+    p.set_defaults(run=inspect)
     p = commands.add_parser("consolidate", help="write the model as one consolidated .npz")
     p.add_argument("checkpoint")
     p.add_argument("output", help="the .npz to write")
+    p.set_defaults(run=write_consolidated)
     p = commands.add_parser("export", help="write the model (and optionally Adam's state) as safetensors")
     p.add_argument("checkpoint")
     p.add_argument("output", help="the .safetensors to write")
     p.add_argument("--optimizer", action="store_true", help="also the fp32 master, m and v")
+    p.set_defaults(run=write_safetensors)
     args = parser.parse_args(argv)
     try:
-        folder = resolve(args.checkpoint)
-        if args.command == "inspect":
-            inspect(folder)
-        elif args.command == "consolidate":
-            count = consolidate(folder, args.output)
-            print(f"wrote {args.output}: {count} tensors from {folder}")
-        else:
-            count = export_safetensors(folder, args.output, args.optimizer)
-            print(f"wrote {args.output}: {count} tensors from {folder}")
+        folder, note = resolve(args.checkpoint)
+        if note:
+            print(note)
+        args.run(folder, args)
     except (CheckpointError, SafetensorsError, KeyError, TypeError, ValueError) as e:
         print(f"zerompi.checkpoint: error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
-"""Sharded checkpoints on disk: the folder layout, the manifest, and reading any element range.
+"""Sharded checkpoints on disk: the folder layout, the manifest, finding and reading checkpoints.
 
     save_dir/
+      .lock                        "<host> <pid>": the run using this folder (zerompi/checkpoint/lock.py)
       latest                       "step_00000300": the newest complete checkpoint (written last)
       step_00000300/
         manifest.json              what the rest holds (below); written after every shard file
@@ -21,32 +22,59 @@ numel are padding (zeros): a reader with another N pads to its own multiple inst
 
 Integrity: each file's data is cut into blocks of `block_bytes`, and the manifest keeps a CRC-32
 of each. A reader verifies every block it touches (at most one block more than it needs at
-each end of a range); `python -m zerompi.checkpoint inspect` verifies them all.
+each end of a range); `python -m zerompi.checkpoint inspect` verifies them all. The manifest
+itself is covered by `manifest_sha256`: the SHA-256 of its other fields, serialized canonically
+(json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True), ASCII bytes). A
+version-2 manifest whose checksum is missing or does not match is refused; a version-1 manifest
+(which had none) is read, with a note that its content is not verified.
 
 manifest.json:
-    format "zerompi-checkpoint", version 1
+    format "zerompi-checkpoint", version 2
     step, adam_steps, loss_scale, loss_scale_good_steps      where training stands
     seed, shuffle, batch_size                                 how the data order continues
+    parent                                                    the step folder (in the same save_dir)
+                                                              this run continued from, or null
     run: {steps, lr, lr_schedule, ...}                        the writer's other settings
     stage, ranks, dtype, sizes                                who wrote it (any stage/N can read it)
-    layers: [{names, shapes, numel, padded, shard_size, shard_offset}]   the writer's layout
+    units: [{names, shapes, numel, padded, shard_size, shard_offset}]   the writer's layout
     kinds: {kind: dtype}                                      params, [master,] m, v
     block_bytes, files: [{rank, kind, path, data_offset, data_bytes, crc32: [...]}]
+    manifest_sha256                                           the checksum of all the above
+
+Everything a manifest or `latest` names stays inside the save directory: `latest` and `parent`
+must be step folder names (step_XXXXXXXX, or step_XXXXXXXX.K), a step folder must be a real
+folder (not a symbolic link), and each file path is exactly rank{r:05d}.{kind}.npy. Sizes the
+manifest declares are checked against its own lists and, before anything is allocated, against
+the files on disk and the memory available (zerompi/inputs.py).
+
+Which checkpoint --resume continues from (find_checkpoint): the one `latest` names; but when a
+checkpoint whose manifest verifies continues from that one (its save completed, only the rewrite
+of `latest` failed), the newest such; and when `latest` is missing or unusable, the newest step
+folder whose manifest verifies. Each departure from `latest` is said in one line.
 """
+import hashlib
 import json
+import math
 import os
+import re
 import zlib
 
 import numpy as np
 
 from .atomic import atomic_file
+from ..inputs import FILE_KINDS, check_fits, open_regular
 from ..precision import BF16
 
-FORMAT, VERSION = "zerompi-checkpoint", 1
+FORMAT, VERSION = "zerompi-checkpoint", 2
+READABLE_VERSIONS = (1, 2)               # 1: no manifest checksum (read, with a note)
+CHECKSUM = "manifest_sha256"
 MANIFEST = "manifest.json"
 LATEST = "latest"
 BLOCK_BYTES = 1 << 20
 STATE_DTYPES = ("float64", "float32", "float16", "bfloat16")
+KIND_SETS = ({"params", "m", "v"}, {"params", "master", "m", "v"})
+STEP_FOLDER = re.compile(r"step_(\d{8,})(?:\.([2-9]|[1-9]\d+))?")
+JSON_BYTES_PER_TEXT_BYTE = 16            # parsed JSON (dicts, lists, ints) takes many times its text
 
 
 class CheckpointError(ValueError):
@@ -55,6 +83,12 @@ class CheckpointError(ValueError):
 
 def step_folder_name(step):
     return f"step_{step:08d}"
+
+
+def step_of(name):
+    """(step, copy) of a step folder's name (step_00000300.2 -> (300, 2)), or None if it is not one."""
+    match = STEP_FOLDER.fullmatch(name) if isinstance(name, str) else None
+    return (int(match.group(1)), int(match.group(2) or 1)) if match else None
 
 
 def shard_file_name(rank, kind):
@@ -75,21 +109,128 @@ def write_text_atomically(path, text):
         f.write(text)
 
 
-def latest_checkpoint(save_dir):
-    """The folder `save_dir/latest` points to, or None when there is none yet."""
-    pointer = os.path.join(save_dir, LATEST)
-    if not os.path.exists(pointer):
+def manifest_checksum(manifest):
+    """SHA-256 (hex) of the canonical serialization of every field but the checksum itself."""
+    body = {key: value for key, value in manifest.items() if key != CHECKSUM}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def manifest_text(manifest):
+    """What manifest.json holds: the fields, then their checksum."""
+    return json.dumps({**manifest, CHECKSUM: manifest_checksum(manifest)}, indent=1)
+
+
+def unverified_note(folder, manifest):
+    """One line when the manifest is of version 1 (no checksum), else None."""
+    if manifest["version"] >= 2:
         return None
-    with open(pointer) as f:
-        name = f.read().strip()
-    if not _is_plain_name(name):
-        raise CheckpointError(f"{pointer}: points to {name!r}, which is not a folder inside {save_dir}")
+    return f"{os.path.join(folder, MANIFEST)}: a manifest of version 1 (no checksum): its content is not verified"
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding a checkpoint in a save directory
+# ----------------------------------------------------------------------------------------------
+
+def step_folder_problem(save_dir, name):
+    """Why save_dir/name is not a step folder zerompi could have written (a phrase), or None."""
+    if step_of(name) is None:
+        return f"which is not a checkpoint folder (step_XXXXXXXX[.K]) of {save_dir}"
+    path = os.path.join(save_dir, name)
+    if os.path.islink(path):
+        return "a symbolic link, not a checkpoint folder zerompi wrote"
+    if not os.path.isdir(path):
+        return "which is not a folder" if os.path.lexists(path) else "which does not exist"
+    return None
+
+
+def latest_checkpoint(save_dir):
+    """The folder `save_dir/latest` names, or None when there is no `latest`. Raises
+    CheckpointError (one line naming `latest`) when it cannot be read or names no step folder."""
+    pointer = os.path.join(save_dir, LATEST)
+    if not os.path.lexists(pointer):
+        return None
+    try:
+        with open_regular(pointer, CheckpointError, "r") as f:
+            name = f.read(256).strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{pointer}: not text: not a pointer to a checkpoint") from None
+    problem = step_folder_problem(save_dir, name)
+    if problem:
+        shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)}+ characters)"
+        raise CheckpointError(f"{pointer}: names {shown}, {problem}")
     return os.path.join(save_dir, name)
 
 
-def _is_plain_name(name):
-    return bool(name) and name not in (".", "..") and os.path.basename(name) == name and "\\" not in name
+def verified_step_folders(save_dir):
+    """{name: manifest} of save_dir's step folders whose manifests read (read_manifest) and
+    whose step is the one in their name."""
+    try:
+        names = os.listdir(save_dir)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        if step_folder_problem(save_dir, name) is None:
+            try:
+                manifest = read_manifest(os.path.join(save_dir, name))
+            except CheckpointError:
+                continue
+            if manifest["step"] == step_of(name)[0]:
+                found[name] = manifest
+    return found
 
+
+def newest_continuation(name, manifests):
+    """The newest checkpoint that continues, save after save, from `name` (its parent, its
+    parent's parent, ... is name); name itself when none does. manifests: {name: manifest}."""
+    seen = {name}
+    while True:
+        children = [child for child, m in manifests.items() if m.get("parent") == name and child not in seen]
+        if not children:
+            return name
+        name = max(children, key=step_of)
+        seen.add(name)
+
+
+def find_checkpoint(save_dir):
+    """The checkpoint --resume continues from (see the module docstring): (folder or None when
+    save_dir has none yet, a one-line note when `latest` was not followed as it is, or None)."""
+    pointer = os.path.join(save_dir, LATEST)
+    manifests = verified_step_folders(save_dir)
+    try:
+        named = latest_checkpoint(save_dir)
+    except CheckpointError as e:
+        problem = str(e)
+    else:
+        if named is not None:
+            newest = os.path.join(save_dir, newest_continuation(os.path.basename(named), manifests))
+            if newest == named:
+                return named, None
+            return newest, (f"{pointer} names {named}, but {newest} continues from it (its save was complete, "
+                            f"`latest` was not rewritten): using {newest}")
+        problem = f"{pointer}: missing"
+    if not manifests:
+        if any(step_of(name) for name in _names_in(save_dir)):
+            raise CheckpointError(f"{problem}, and no step folder of {save_dir} has a manifest that checks out: "
+                                  f"pass --resume FOLDER, or move them away to start from step 0")
+        if os.path.lexists(pointer):
+            raise CheckpointError(f"{problem}, and {save_dir} holds no step folder")
+        return None, None
+    newest = os.path.join(save_dir, max(manifests, key=step_of))
+    return newest, f"{problem}: using {newest}, the newest checkpoint whose manifest checks out"
+
+
+def _names_in(folder):
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading shard files
+# ----------------------------------------------------------------------------------------------
 
 class CheckpointReader:
     """Reads element ranges of any layer and kind, from the files of the ranks that owned them."""
@@ -98,6 +239,7 @@ class CheckpointReader:
         self.folder = folder
         self.manifest = read_manifest(folder)
         m = self.manifest
+        self.note = unverified_note(folder, m)
         self.layers = m["units"]
         self.kinds = {kind: dtype_named(name) for kind, name in m["kinds"].items()}
         self.files = {(f["rank"], f["kind"]): f for f in m["files"]}
@@ -105,19 +247,25 @@ class CheckpointReader:
         self.verified = set()     # (rank, kind, block) already checked against its CRC
 
     def _array(self, rank, kind):
+        """The file's data, mapped; first checks that the file is a regular file of the size the
+        manifest gives it."""
         key = (rank, kind)
         if key not in self.arrays:
             entry = self.files[key]
             path = os.path.join(self.folder, entry["path"])
-            if not os.path.isfile(path):
-                raise CheckpointError(f"{path}: missing (rank {rank}'s {kind} shard)")
-            size = os.path.getsize(path)
-            expected = entry["data_offset"] + entry["data_bytes"]
-            if size != expected:
-                raise CheckpointError(f"{path}: {size} bytes, the manifest says {expected}: truncated or replaced")
             disk_dtype = on_disk(np.empty(0, self.kinds[kind])).dtype
-            self.arrays[key] = np.memmap(path, dtype=disk_dtype, mode="r", offset=entry["data_offset"],
-                                         shape=(entry["data_bytes"] // disk_dtype.itemsize,))
+            if not os.path.lexists(path):
+                raise CheckpointError(f"{path}: missing (rank {rank}'s {kind} shard)")
+            with open_regular(path, CheckpointError) as f:
+                size = os.fstat(f.fileno()).st_size
+                expected = entry["data_offset"] + entry["data_bytes"]
+                if size != expected:
+                    raise CheckpointError(f"{path}: {size} bytes, the manifest says {expected}: truncated or replaced")
+                try:
+                    self.arrays[key] = np.memmap(f, dtype=disk_dtype, mode="r", offset=entry["data_offset"],
+                                                 shape=(entry["data_bytes"] // disk_dtype.itemsize,))
+                except (OSError, ValueError) as e:
+                    raise CheckpointError(f"{path}: cannot be mapped ({e})") from None
         return self.arrays[key]
 
     def _verify(self, rank, kind, lo, hi):
@@ -136,10 +284,15 @@ class CheckpointReader:
 
     def read_range(self, layer_index, kind, lo, hi, dtype):
         """Elements [lo, hi) of the layer's flat buffer (weight then bias), as dtype; positions at
-        or beyond the layer's numel (padding) are zero."""
+        or beyond the layer's numel (padding) are zero. The files the range lies in are checked,
+        and the result's size against the memory available, before it is allocated."""
         layer = self.layers[layer_index]
-        out = np.zeros(hi - lo, dtype=dtype)
         shard, end = layer["shard_size"], min(hi, layer["numel"])
+        for rank in range(lo // shard, (end - 1) // shard + 1 if end > lo else 0):
+            self._array(rank, kind)
+        check_fits((hi - lo) * np.dtype(dtype).itemsize,
+                   f"{self.folder}: layer {layer_index}'s {kind}, elements {lo}..{hi},", CheckpointError)
+        out = np.zeros(hi - lo, dtype=dtype)
         g = lo
         while g < end:                                   # one run per writer rank the range crosses
             rank = g // shard
@@ -155,64 +308,130 @@ class CheckpointReader:
         return out
 
 
+# ----------------------------------------------------------------------------------------------
+# The manifest
+# ----------------------------------------------------------------------------------------------
+
 def read_manifest(folder):
-    """The manifest of a checkpoint folder, checked for shape and safe paths."""
+    """The manifest of a checkpoint folder: its checksum verified (version 2), its fields checked
+    for types, consistency, sizes and paths that stay in the folder. Raises CheckpointError."""
     path = os.path.join(folder, MANIFEST)
-    if not os.path.isdir(folder):
-        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    _check_is_folder(folder)
+    m = _load_json(path)
     try:
-        with open(path) as f:
-            m = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing: {folder} is not a complete checkpoint") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable manifest ({e})") from None
-    try:
-        if m["format"] != FORMAT or m["version"] != VERSION:
-            raise CheckpointError(f"{path}: format {m['format']!r} version {m['version']!r}, expected "
-                                  f"{FORMAT!r} version {VERSION}")
-        for key in ("ranks", "step", "adam_steps", "loss_scale_good_steps", "block_bytes"):
-            if not isinstance(m[key], int) or isinstance(m[key], bool) or m[key] < 0:
-                raise CheckpointError(f"{path}: {key} must be a non-negative integer, not {m[key]!r}")
-        if m["ranks"] < 1 or m["block_bytes"] < 1:
-            raise CheckpointError(f"{path}: ranks and block_bytes must be positive")
-        if not (isinstance(m["loss_scale"], (int, float)) and 0 < m["loss_scale"] < float("inf")):
-            raise CheckpointError(f"{path}: loss_scale must be a positive finite number, not {m['loss_scale']!r}")
-        sizes = m["sizes"]
-        if len(m["units"]) != len(sizes) - 1 or any(
-                layer["shapes"] != [[out, inp], [out]] for layer, inp, out in zip(m["units"], sizes, sizes[1:])):
-            raise CheckpointError(f"{path}: the layers' shapes do not follow sizes {sizes}")
-        ranks = m["ranks"]
-        kinds = m["kinds"]
-        shard_offset = 0
-        for layer in m["units"]:
-            numel = sum(int(np.prod(shape)) for shape in layer["shapes"])
-            if (layer["numel"] != numel or layer["padded"] != layer["shard_size"] * ranks
-                    or not 0 < layer["numel"] <= layer["padded"] or layer["shard_offset"] != shard_offset):
-                raise CheckpointError(f"{path}: inconsistent layout for {layer.get('names')}: numel, "
-                                      f"padded, shard_size and shard_offset do not fit its shapes and {ranks} ranks")
-            shard_offset += layer["shard_size"]
-        if set(kinds) not in ({"params", "m", "v"}, {"params", "master", "m", "v"}) or \
-                any(name not in STATE_DTYPES for name in kinds.values()):
-            raise CheckpointError(f"{path}: kinds {kinds} are not params, [master,] m, v in "
-                                  f"{', '.join(STATE_DTYPES)}")
-        shard_numel = sum(layer["shard_size"] for layer in m["units"])
-        expected = {(r, k) for r in range(ranks) for k in kinds}
-        listed = {(f["rank"], f["kind"]) for f in m["files"]}
-        if listed != expected:
-            raise CheckpointError(f"{path}: lists files for {sorted(listed)[:4]}..., expected one per rank "
-                                  f"and kind ({ranks} ranks x {sorted(kinds)})")
-        for f in m["files"]:
-            if not _is_plain_name(f["path"]):
-                raise CheckpointError(f"{path}: file path {f['path']!r} leaves the checkpoint folder")
-            if f["data_bytes"] != shard_numel * dtype_named(kinds[f["kind"]]).itemsize or f["data_offset"] < 0:
-                raise CheckpointError(f"{path}: {f['path']} has data_bytes {f['data_bytes']} / data_offset "
-                                      f"{f['data_offset']}, which do not fit {shard_numel} {kinds[f['kind']]} elements")
-            blocks = -(-f["data_bytes"] // m["block_bytes"])
-            if len(f["crc32"]) != blocks:
-                raise CheckpointError(f"{path}: {f['path']} has {len(f['crc32'])} checksums for {blocks} blocks")
+        _check_version_and_checksum(path, m)
+        _check_numbers(path, m)
+        _check_layout(path, m)
+        _check_files(path, m)
     except CheckpointError:
         raise
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from None
     return m
+
+
+def _check_is_folder(folder):
+    if os.path.isdir(folder):
+        return
+    if not os.path.exists(folder):
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    mode = os.stat(folder).st_mode
+    kind = next((name for test, name in FILE_KINDS if test(mode)), "a file")
+    raise CheckpointError(f"{folder}: is {kind}, not a checkpoint folder")
+
+
+def _load_json(path):
+    if not os.path.lexists(path):
+        raise CheckpointError(f"{path}: missing: {os.path.dirname(path)} is not a complete checkpoint")
+    try:
+        with open_regular(path, CheckpointError) as f:
+            size = os.fstat(f.fileno()).st_size
+            check_fits(size * JSON_BYTES_PER_TEXT_BYTE, f"{path} ({size} bytes)", CheckpointError)
+            m = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: not a readable manifest ({type(e).__name__}: {e})") from None
+    if not isinstance(m, dict):
+        raise CheckpointError(f"{path}: not a readable manifest (a JSON {type(m).__name__}, not an object)")
+    return m
+
+
+def _check_version_and_checksum(path, m):
+    if m["format"] != FORMAT or type(m["version"]) is not int or m["version"] not in READABLE_VERSIONS:
+        raise CheckpointError(f"{path}: format {m['format']!r} version {m['version']!r}, expected "
+                              f"{FORMAT!r} version {VERSION} (or 1)")
+    if m["version"] == 1:
+        return
+    if CHECKSUM not in m:
+        raise CheckpointError(f"{path}: a version-{m['version']} manifest without its {CHECKSUM}: its content "
+                              f"cannot be verified")
+    if m[CHECKSUM] != manifest_checksum(m):
+        raise CheckpointError(f"{path}: {CHECKSUM} does not match the manifest's content: it was edited or "
+                              f"is corrupted")
+
+
+def _is_count(value, least=0):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _check_numbers(path, m):
+    for key in ("ranks", "step", "adam_steps", "loss_scale_good_steps", "block_bytes"):
+        if not _is_count(m[key]):
+            raise CheckpointError(f"{path}: {key} must be a non-negative integer, not {m[key]!r}")
+    if m["ranks"] < 1 or m["block_bytes"] < 1:
+        raise CheckpointError(f"{path}: ranks and block_bytes must be positive")
+    if not (isinstance(m["loss_scale"], (int, float)) and 0 < m["loss_scale"] < float("inf")):
+        raise CheckpointError(f"{path}: loss_scale must be a positive finite number, not {m['loss_scale']!r}")
+    parent = m.get("parent")
+    if parent is not None and step_of(parent) is None:
+        raise CheckpointError(f"{path}: parent {parent!r} is not a checkpoint folder name (step_XXXXXXXX[.K])")
+
+
+def _check_layout(path, m):
+    sizes, ranks, kinds = m["sizes"], m["ranks"], m["kinds"]
+    if not (isinstance(sizes, list) and len(sizes) >= 2 and all(_is_count(n, 1) for n in sizes)):
+        raise CheckpointError(f"{path}: sizes must be a list of at least two positive integers, not {sizes!r}")
+    if len(m["units"]) != len(sizes) - 1 or any(
+            layer["shapes"] != [[out, inp], [out]] for layer, inp, out in zip(m["units"], sizes, sizes[1:])):
+        raise CheckpointError(f"{path}: the layers' shapes do not follow sizes {sizes}")
+    shard_offset = 0
+    for layer in m["units"]:
+        numel = sum(math.prod(shape) for shape in layer["shapes"])
+        numbers = [layer[key] for key in ("numel", "padded", "shard_size", "shard_offset")]
+        if (not all(_is_count(n) for n in numbers) or layer["numel"] != numel
+                or layer["padded"] != layer["shard_size"] * ranks or not 0 < numel <= layer["padded"]
+                or layer["shard_offset"] != shard_offset):
+            raise CheckpointError(f"{path}: inconsistent layout for {layer.get('names')}: numel, "
+                                  f"padded, shard_size and shard_offset do not fit its shapes and {ranks} ranks")
+        shard_offset += layer["shard_size"]
+    if set(kinds) not in KIND_SETS or any(name not in STATE_DTYPES for name in kinds.values()):
+        raise CheckpointError(f"{path}: kinds {kinds} are not params, [master,] m, v in "
+                              f"{', '.join(STATE_DTYPES)}")
+
+
+def _check_files(path, m):
+    """One file per rank and kind, counted before anything is built from `ranks`."""
+    ranks, kinds, files = m["ranks"], m["kinds"], m["files"]
+    if not isinstance(files, list) or len(files) != ranks * len(kinds):
+        raise CheckpointError(f"{path}: lists {len(files)} files, expected one per rank and kind "
+                              f"({ranks} ranks x {len(kinds)} kinds)")
+    listed = {(f["rank"], f["kind"]) for f in files}
+    if listed != {(r, k) for r in range(ranks) for k in kinds}:
+        raise CheckpointError(f"{path}: lists files for {sorted(listed, key=str)[:4]}..., expected one per rank "
+                              f"and kind ({ranks} ranks x {sorted(kinds)})")
+    shard_numel = sum(layer["shard_size"] for layer in m["units"])
+    for f in files:
+        expected = shard_file_name(f["rank"], f["kind"])
+        if f["path"] != expected:
+            where = "leaves the checkpoint folder" if not _is_plain_name(f["path"]) else f"is not {expected}"
+            raise CheckpointError(f"{path}: file path {f['path']!r} {where}")
+        if f["data_bytes"] != shard_numel * dtype_named(kinds[f["kind"]]).itemsize or not _is_count(f["data_offset"]):
+            raise CheckpointError(f"{path}: {f['path']} has data_bytes {f['data_bytes']} / data_offset "
+                                  f"{f['data_offset']}, which do not fit {shard_numel} {kinds[f['kind']]} elements")
+        blocks = -(-f["data_bytes"] // m["block_bytes"])
+        if not isinstance(f["crc32"], list) or len(f["crc32"]) != blocks:
+            raise CheckpointError(f"{path}: {f['path']} has {len(f['crc32'])} checksums for {blocks} blocks")
+
+
+def _is_plain_name(name):
+    return isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name \
+        and "\\" not in name

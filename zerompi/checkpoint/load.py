@@ -23,7 +23,8 @@ TRAINING_STATE = ("step", "loss_scale", "loss_scale_good_steps", "seed", "shuffl
 
 def load_checkpoint(engine, folder):
     """Fill the engine's parameters and Adam state from the checkpoint in folder; returns the
-    training state (step, loss scale, data order). Raises CheckpointError. Not collective."""
+    training state (step, loss scale, data order; "note": a line when the manifest is of
+    version 1, whose content cannot be verified, else None). Raises CheckpointError. Not collective."""
     reader = CheckpointReader(folder)
     manifest = reader.manifest
     layout, stage = engine.layout, engine.stage
@@ -46,4 +47,5 @@ def load_checkpoint(engine, folder):
     stage.adam.t = int(manifest["adam_steps"])
     state = {key: manifest[key] for key in TRAINING_STATE}
     state["run"] = manifest.get("run", {})        # the settings of the run that wrote it
+    state["note"] = reader.note
     return state

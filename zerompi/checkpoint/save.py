@@ -1,6 +1,7 @@
 """Saving a sharded checkpoint: every rank writes only what it owns; nothing is visible until complete.
 
-    rank 0        remove stale .partial-* folders; create .partial-step_K/          -- all agree --
+    rank 0        create .partial-step_K/ (the run holds save_dir's lock:
+                  zerompi/checkpoint/lock.py)                                      -- all agree --
     every rank    write rank{r}.{kind}.npy for each kind of state it owns (the CRC-32 of
                   each block computed as it is written), fsync                      -- all agree --
     gather        the CRCs and data offsets to rank 0 (one buffer Gather)
@@ -10,19 +11,23 @@
                   checkpoints of its lineage beyond keep_last                       -- all agree --
 
 A kill at any moment leaves `latest` pointing at the previous complete checkpoint: a partial folder
-is never read, and `latest` moves only after the rename. Each "all agree" is one small all-reduce
-(Communicator.any_failed): if any rank failed (a full disk, a missing folder), every rank returns
-at the same point, so none is left waiting in a collective.
+is never read, and `latest` moves only after the rename. If writing `latest` fails, the checkpoint
+is still complete, and --resume finds it (zerompi/checkpoint/files.py, find_checkpoint). Each "all
+agree" is one small all-reduce (Communicator.any_failed): if any rank failed (a full disk, a
+missing folder), every rank returns at the same point, so none is left waiting in a collective.
 
 What rank r writes for each layer is its owned range under the current N (Layer.owned_range),
 whatever the stage: in stage 0, where every rank holds everything, rank r still writes only its
 range, so the files have the same shape for every stage.
+
+Rotation deletes only step folders that zerompi wrote and can verify, found by following the
+manifests' `parent` from the checkpoint just written: a step folder name inside save_dir, a real
+folder (not a symbolic link), a version-2 manifest whose checksum matches, holding nothing but
+that manifest and the shard files it lists. The first folder that is not all of these ends the
+lineage. A folder is removed file by file, manifest first, then the empty folder: never a
+recursive delete.
 """
-import glob
-import json
 import os
-import shutil
-import signal
 import zlib
 
 import numpy as np
@@ -30,11 +35,9 @@ import numpy as np
 from .atomic import fsync_folder
 from ..devices.device import to_numpy
 from .params import held_params
-from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, on_disk, shard_file_name,
-                    step_folder_name, write_text_atomically)
-
-KILL_DURING_SAVE = "ZEROMPI_KILL_DURING_SAVE"   # fault injection for tests: "rank:step" SIGKILLs that
-                                                # rank after its first shard file of that step's save
+from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, manifest_text, on_disk,
+                    read_manifest, shard_file_name, step_folder_name, step_folder_problem, step_of,
+                    write_text_atomically)
 
 
 def state_kinds(stage):
@@ -95,8 +98,6 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     error = None
     if comm.rank == 0:
         try:
-            for stale in glob.glob(os.path.join(save_dir, ".partial-*")):
-                shutil.rmtree(stale)
             os.makedirs(partial)
         except OSError as e:
             error = f"cannot create checkpoint folder {partial}: {e.strerror or e}"
@@ -113,7 +114,6 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
             path = os.path.join(partial, shard_file_name(comm.rank, kind))
             offsets[i], _, file_crcs = write_shard_file(path, dtype, segments)
             crcs[i, :len(file_crcs)] = file_crcs
-            _maybe_kill(comm.rank, training_state["step"])
     except OSError as e:
         error = f"cannot write checkpoint shard in {partial}: {e.strerror or e}"
     if comm.any_failed(error):
@@ -125,16 +125,33 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     comm.gather_to_root(offsets, all_offsets)
     published = None
     if comm.rank == 0:
-        try:
-            manifest = build_manifest(engine, training_state, kinds, all_crcs, all_offsets)
-            write_text_atomically(os.path.join(partial, MANIFEST), manifest)
-            fsync_folder(partial)
-            published = publish(save_dir, partial, name)
-            rotate(save_dir, keep_last, published)
-        except OSError as e:
-            error = f"cannot complete checkpoint {os.path.join(save_dir, name)}: {e.strerror or e}"
+        manifest = build_manifest(engine, training_state, kinds, all_crcs, all_offsets)
+        error, published = complete(save_dir, partial, name, manifest, keep_last)
     comm.any_failed(error)
     return error, published
+
+
+def complete(save_dir, partial, name, manifest, keep_last):
+    """Rank 0: the manifest, the rename into place, `latest`, rotation; returns (error or None,
+    the published folder's name or None). Each error says how far the save got."""
+    try:
+        write_text_atomically(os.path.join(partial, MANIFEST), manifest)
+        fsync_folder(partial)
+        published = publish(save_dir, partial, name)
+    except OSError as e:
+        return f"cannot complete checkpoint {os.path.join(save_dir, name)}: {e.strerror or e}", None
+    folder, latest = os.path.join(save_dir, published), os.path.join(save_dir, LATEST)
+    try:
+        write_text_atomically(latest, published + "\n")
+    except OSError as e:
+        return (f"checkpoint {folder} is complete, but {latest} could not be rewritten to name it "
+                f"({e.strerror or e}); --resume finds it all the same"), published
+    try:
+        rotate(save_dir, keep_last, published)
+    except OSError as e:
+        return (f"checkpoint {folder} is complete, but removing an older one failed: "
+                f"{e.filename}: {e.strerror or e}"), published
+    return None, published
 
 
 def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
@@ -159,42 +176,59 @@ def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
         "kinds": {kind: dtype.name for kind, dtype in kinds.items()},
         "block_bytes": BLOCK_BYTES, "files": files,
     }
-    return json.dumps(manifest, indent=1)
+    return manifest_text(manifest)
 
 
 def publish(save_dir, partial, name):
-    """Rename the complete folder into place, then move `latest` to it; returns the folder's name.
-    A step saved again (after resuming from an earlier step) gets a new name (step_K.2, ...), so
-    no complete checkpoint is ever replaced in place: `latest` always names a complete folder."""
+    """Rename the complete folder into place; returns its name. A step saved again (after
+    resuming from an earlier step) gets a new name (step_K.2, ...), so no complete checkpoint is
+    ever replaced in place: `latest` always names a complete folder."""
     final, copy = name, 1
-    while os.path.exists(os.path.join(save_dir, final)):
+    while os.path.lexists(os.path.join(save_dir, final)):
         copy += 1
         final = f"{name}.{copy}"
     os.rename(partial, os.path.join(save_dir, final))
     fsync_folder(save_dir)
-    write_text_atomically(os.path.join(save_dir, LATEST), final + "\n")
     return final
 
 
 def rotate(save_dir, keep_last, newest):
     """Keep `newest` and the keep_last - 1 checkpoints before it in its lineage (0: keep all).
     The lineage follows each manifest's "parent" (the checkpoint a run continued from), so the
-    checkpoints of a run that this one resumed before the end of are never counted or deleted."""
+    checkpoints of a run that this one resumed before the end of are never counted or deleted;
+    it goes only through folders that zerompi wrote and can verify (the module docstring)."""
     if keep_last <= 0:
         return
     lineage, name = [], newest
-    while name and os.path.isdir(os.path.join(save_dir, name)) and name not in lineage:
-        lineage.append(name)
-        try:
-            with open(os.path.join(save_dir, name, MANIFEST)) as f:
-                name = json.load(f).get("parent")
-        except (OSError, ValueError):
+    while name is not None and name not in (older for older, _ in lineage):
+        manifest = verified_own_folder(save_dir, name)
+        if manifest is None:
             break
-    for old in lineage[keep_last:]:
-        shutil.rmtree(os.path.join(save_dir, old))
+        lineage.append((name, manifest))
+        name = manifest.get("parent")
+    for old, manifest in lineage[keep_last:]:
+        remove_checkpoint(os.path.join(save_dir, old), manifest)
 
 
-def _maybe_kill(rank, step):
-    target = os.environ.get(KILL_DURING_SAVE)
-    if target and target == f"{rank}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+def verified_own_folder(save_dir, name):
+    """The manifest of save_dir/name if it is a step folder that zerompi wrote and can verify
+    (the module docstring), else None."""
+    if step_folder_problem(save_dir, name) is not None:
+        return None
+    folder = os.path.join(save_dir, name)
+    try:
+        manifest = read_manifest(folder)
+    except CheckpointError:
+        return None
+    expected = {MANIFEST} | {entry["path"] for entry in manifest["files"]}
+    if manifest["version"] != VERSION or manifest["step"] != step_of(name)[0] or set(os.listdir(folder)) != expected:
+        return None
+    return manifest
+
+
+def remove_checkpoint(folder, manifest):
+    """The manifest first (the folder is then incomplete, never read), each shard file, the folder."""
+    os.unlink(os.path.join(folder, MANIFEST))
+    for entry in manifest["files"]:
+        os.unlink(os.path.join(folder, entry["path"]))
+    os.rmdir(folder)

@@ -1,10 +1,15 @@
 """Checkpoints in the training loop: where a run starts, when it saves, and preemption.
 
+    lock:    with --save-dir, rank 0 creates the folder and takes its lock before anything is
+             read or written there (zerompi/checkpoint/lock.py; released when the process ends),
+             then removes the .partial-step_* folders a killed run left
     start:   --resume [FOLDER] loads a checkpoint (any N, any stage), else --init-weights, else
              the seeded initialization; the run continues at the checkpoint's step, with its
              loss scale and Adam step count, and the same data order (same seed, batch, shuffle:
              required); other settings that shape the rest of the run (steps and the learning-
-             rate schedule, accumulation, clipping, data) may change, and the log says so
+             rate schedule, accumulation, clipping, data) may change, and the log says so;
+             plain --resume takes the checkpoint find_checkpoint names (zerompi/checkpoint/files.py:
+             `latest`, or the newest verified one when `latest` is missing or stale, said in one line)
     save:    every --save-every steps, at the end, and when preempted, into --save-dir
     preempt: SIGTERM or SIGUSR1 (what Slurm sends before a time limit) only sets a flag; after
              each step one all-reduce tells every rank whether any rank got the signal, so all
@@ -13,24 +18,34 @@
 import os
 import signal
 
+import ml_dtypes
 import numpy as np
 
 from ..devices.device import to_numpy
 from .weights import WeightsError, read_weights
-from .files import CheckpointError, latest_checkpoint
+from .files import CheckpointError, find_checkpoint
 from .load import load_checkpoint
+from .lock import remove_stale_partials, take_lock
 from .params import held_params, set_layer_params
 from .save import save_checkpoint
 
 
 def start_from(engine, cfg, scaler):
-    """Collective. Set the starting weights; returns (first step, note for the log or None,
-    lineage: {"parent": the resumed checkpoint's folder name when it lies in --save-dir})."""
+    """Collective. Lock --save-dir, set the starting weights; returns (first step, notes for the
+    log or None, lineage: {"parent": the resumed checkpoint's folder name when it lies in --save-dir})."""
     comm = engine.comm
-    folder, note, error, state = None, None, None, None
+    notes = []
+    if cfg.save_dir:
+        error, note = claim_save_dir(cfg) if comm.rank == 0 else (None, None)
+        comm.check_all(error)
+        notes.append(note)
+    folder, error, state = None, None, None
     try:
-        if cfg.resume:
-            folder = latest_checkpoint(cfg.save_dir) if cfg.resume == "latest" else cfg.resume
+        if cfg.resume == "latest":
+            folder, note = find_checkpoint(cfg.save_dir)
+            notes.append(note)
+        elif cfg.resume:
+            folder = cfg.resume
         if folder is not None:
             state = load_checkpoint(engine, folder)
             error = _data_order_mismatch(state, cfg, folder)
@@ -47,22 +62,43 @@ def start_from(engine, cfg, scaler):
         error = _unrepresentable(engine, cfg.init_weights or folder)
     comm.check_all(error)
     if cfg.resume == "latest" and folder is None:
-        note = f"no checkpoint in {cfg.save_dir} yet: starting from step 0"
+        notes.append(f"no checkpoint in {cfg.save_dir} yet: starting from step 0")
     in_save_dir = (folder is not None and cfg.save_dir and
                    os.path.dirname(os.path.abspath(folder)) == os.path.abspath(cfg.save_dir))
     lineage = {"parent": os.path.basename(os.path.abspath(folder)) if in_save_dir else None}
     if state is None:
-        return 0, note, lineage
+        return 0, _lines(notes), lineage
     if scaler.enabled and state["dtype"] == "float16":      # another dtype's scale (1.0) means nothing here
         scaler.scale = state["loss_scale"]
         scaler.good_steps = min(state["loss_scale_good_steps"], scaler.growth_interval - 1)
     changed = [f"{flag} {state['run'][key]} -> {value}" for key, flag, value in _run_settings(cfg)
                if key in state["run"] and state["run"][key] != value]
-    note = f"resumed from {folder} at step {state['step']}"
+    resumed = f"resumed from {folder} at step {state['step']}"
     if changed:
-        note += (f"; note: {', '.join(changed)} since the checkpoint: the run continues from there, but "
-                 f"not as the uninterrupted run would have")
-    return state["step"], note, lineage
+        resumed += (f"; note: {', '.join(changed)} since the checkpoint: the run continues from there, but "
+                    f"not as the uninterrupted run would have")
+    return state["step"], _lines(notes + [state["note"], resumed]), lineage
+
+
+def _lines(notes):
+    """The notes that are not None, one per line (None if there are none)."""
+    return "\n".join(note for note in notes if note) or None
+
+
+def claim_save_dir(cfg):
+    """Rank 0: create --save-dir and take its lock for this process (zerompi/checkpoint/lock.py),
+    then remove what saves of killed runs left; returns (one-line error or None, note or None)."""
+    error = check_save_dir(cfg)
+    if error:
+        return error, None
+    try:
+        note = take_lock(cfg.save_dir)
+        remove_stale_partials(cfg.save_dir)
+    except CheckpointError as e:
+        return str(e), None
+    except OSError as e:
+        return f"cannot use --save-dir {cfg.save_dir}: {e.filename}: {e.strerror or e}", None
+    return None, note
 
 
 RUN_SETTINGS = (("steps", "--steps"), ("lr", "--lr"), ("lr_schedule", "--lr-schedule"),
@@ -76,12 +112,15 @@ def _run_settings(cfg):
 
 
 def _unrepresentable(engine, source):
-    """An error if the starting weights do not fit the storage dtype (fp16 ends at 65504)."""
+    """An error if the starting weights do not fit the storage dtype: float16 ends at 65504, and
+    bfloat16 and float32 at about 3.4e38."""
+    storage = engine.stage.precision.storage
     for layer in engine.layout.layers:
         held, _ = held_params(engine.stage, layer)
         if not np.all(np.isfinite(to_numpy(held))):
             return (f"{source or 'the initial weights'}: layer {layer.index} has values beyond the range of "
-                    f"{engine.stage.precision.name} (float16 ends at 65504): train in bf16 or float32")
+                    f"{storage.name} ({storage.name} ends at {float(ml_dtypes.finfo(storage).max):g})"
+                    f"{': train in bf16 or float32' if storage == np.float16 else ''}")
     return None
 
 
