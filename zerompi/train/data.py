@@ -215,6 +215,7 @@ def _check_finite(path, key, x, dtype):
 
 
 MAX_INFERRED_CLASSES = 100_000       # a larger label is far more likely a broken file than intended
+BUILTIN_DATA = ("digits", "synthetic")   # --data names that are not files
 
 
 def load_data(cfg, ranks_on_node=1):
