@@ -62,12 +62,13 @@ def declared(archive, key, error, what):
     try:
         with archive.zip.open(info) as member:
             version = np.lib.format.read_magic(member)
-            if version not in HEADER_READERS:
-                raise error(f"{what}: .npy format version {version[0]}.{version[1]} is not supported (1.0, 2.0)")
-            shape, _, dtype = HEADER_READERS[version](member)
+            header = HEADER_READERS[version](member) if version in HEADER_READERS else None
             header_bytes = member.tell()
     except ZIP_ERRORS as e:
         raise error(f"{what} is not an .npy array ({one_line(e)})") from None
+    if header is None:                   # 3.0: utf-8 field names, a structured dtype (refused anyway)
+        raise error(f"{what}: .npy format version {version[0]}.{version[1]} is not supported (1.0, 2.0)")
+    shape, _, dtype = header
     if dtype.hasobject:
         raise error(f"{what} is an object array (dtype {dtype}); only plain numeric arrays are accepted, "
                     f"the file is read without pickle")
