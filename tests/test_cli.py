@@ -16,6 +16,7 @@ with its whole process group and the test fails instead of hanging the suite).
 
 Runs are kept tiny (a few steps, small --hidden) so the file takes well under 90 s on 2 cores.
 """
+import io
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -160,6 +162,38 @@ def _truncated_npz(folder):
     return "cut.npz"
 
 
+def _x_overflows_float32(folder):
+    x, y = _good_xy()
+    x[5, 1] = 1e300                            # finite in float64, inf in float32
+    np.savez(os.path.join(folder, "big.npz"), x=x, y=y)
+    return "big.npz"
+
+
+def _header_declares_a_huge_shape(folder):
+    """x.npy's header declares (1e11, 4) float64 (3.2 TB) over 32 bytes of data."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10 ** 11, 4)})
+    _, y = _good_xy()
+    with zipfile.ZipFile(os.path.join(folder, "lies.npz"), "w") as archive:
+        archive.writestr("x.npy", header.getvalue() + bytes(32))
+        with archive.open("y.npy", "w") as member:
+            np.lib.format.write_array(member, y)
+    return "lies.npz"
+
+
+def _good_npz(folder):
+    x, y = _good_xy()
+    np.savez(os.path.join(folder, "data.npz"), x=x, y=y)
+    return "data.npz"
+
+
+def _fifo(name):
+    def maker(folder):
+        os.mkfifo(os.path.join(folder, name))
+        return name
+    return maker
+
+
 def _a_folder(folder):
     os.mkdir(os.path.join(folder, "out"))
     return "out"
@@ -187,6 +221,8 @@ _ds_unsupported = _write("ds.json", '{"zero_optimization": {"stage": 2, "offload
 _ds_inconsistent = _write("ds.json", '{"train_batch_size": 100, "train_micro_batch_size_per_gpu": 4,'
                                      ' "gradient_accumulation_steps": 1}')
 _ds_invalid = _write("ds.json", '{"zero_optimization": {"stage": 2},}')
+_ds_enabled_string = _write("ds.json", '{"fp16": {"enabled": "false"}}')
+_ds_nested_deep = _write("ds.json", "[" * 100_000 + "]" * 100_000)
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +291,19 @@ BAD_INPUTS = [
     ("overlap-is-a-switch", ["--overlap", "on"], "unrecognized arguments: on", None, (3,)),
     ("bucket-mb-negative", ["--bucket-mb", -1], "--bucket-mb must be a finite number >= 0", None, (3,)),
     ("prefetch-negative", ["--prefetch", -1], "--prefetch must be >= 0", None, (3,)),
+    ("data-overflows-float32", ["--data", "{input}"], "'x' has 1 values that are not finite in float32",
+     _x_overflows_float32, (3,)),
+    ("data-header-declares-3-TB", ["--data", "{input}"], "'x' declares shape (100000000000, 4) float64",
+     _header_declares_a_huge_shape, (3,)),
+    ("classes-1e9", ["--classes", 1000000000], "needs", None, (3,)),
+    ("init-weights-fifo", ["--init-weights", "{input}"], "w.npz: is a FIFO", _fifo("w.npz"), (3,)),
+    ("config-fifo", ["--config", "{input}"], "run.toml: is a FIFO", _fifo("run.toml"), (3, 1)),
+    ("deepspeed-enabled-string", ["--deepspeed-config", "{input}"], "fp16.enabled='false' must be true or false",
+     _ds_enabled_string, (3,)),
+    ("deepspeed-nested-deep", ["--config", "{input}"], "ds.json is not valid JSON: nested too deeply",
+     _ds_nested_deep, (3,)),
+    ("metrics-is-the-data", ["--data", "{input}", "--metrics", "{input}"], "--metrics data.npz is --data data.npz",
+     _good_npz, (3,)),
 ]
 
 # (id, environment variables, keyword, rank counts): bad environments, checked the same way

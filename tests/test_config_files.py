@@ -6,11 +6,12 @@ unsupported key is named.
 """
 import json
 import os
+import signal
 
 import pytest
 
 from test_cli import train_ok, load_weights
-from zerompi.train.config import ArgumentError, TrainConfig, parse_args
+from zerompi.train.config import ArgumentError, TrainConfig, device_choice, parse_args
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -112,3 +113,110 @@ def test_a_toml_run_trains_exactly_what_the_same_flags_train(tmp_path):
     by_flags, by_file = load_weights(tmp_path / "flags.npz"), load_weights(tmp_path / "file.npz")
     assert all((by_flags[name] == by_file[name]).all() for name in by_flags)
     assert TrainConfig().stage != 1                 # the file really changed something
+
+
+# ----------------------------------------------------------------------------------------------
+# Files that are not regular files, nesting too deep, values of the wrong type
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_hang():
+    """Fail a test whose blocking open would hang, after 5 s, instead of hanging the suite."""
+    def timeout(signum, frame):
+        raise TimeoutError("blocked for 5 s")
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("flag, name", [("--config", "run.toml"), ("--config", "ds.json"),
+                                        ("--deepspeed-config", "ds.json")])
+def test_a_fifo_is_refused_without_blocking(tmp_path, no_hang, flag, name):
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    assert error_of([flag, str(fifo)]) == f"cannot read config file {fifo}: is a FIFO (named pipe), not a regular file"
+    assert device_choice(["--config", str(fifo)]) == TrainConfig.device     # the peek before MPI starts
+
+
+@pytest.mark.parametrize("name, text", [("deep.json", "[" * 100_000 + "]" * 100_000),
+                                        ("deep.json", '{"a": ' * 5000 + "1" + "}" * 5000),
+                                        ("deep.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n"),
+                                        ("deep.toml", "a = " + "{b = " * 3000 + "1" + "}" * 3000 + "\n")])
+def test_nesting_too_deep_is_one_line(tmp_path, name, text):
+    path = write(tmp_path, name, text)
+    message = error_of(["--config", path])
+    assert message.startswith(f"{path} is not valid {'JSON' if name.endswith('json') else 'TOML'}: nested too deeply")
+
+
+@pytest.mark.parametrize("ds, named", [
+    ({"fp16": {"enabled": "false"}}, "fp16.enabled='false' must be true or false"),
+    ({"bf16": {"enabled": 1}}, "bf16.enabled=1 must be true or false"),
+    ({"fp16": {"enabled": True, "initial_scale_power": 1e6}}, "fp16.initial_scale_power=1000000.0 must be an integer"),
+    ({"fp16": {"enabled": True, "initial_scale_power": "16"}}, "fp16.initial_scale_power='16' must be an integer"),
+    ({"fp16": {"enabled": True, "initial_scale_power": 1000000}}, "fp16.initial_scale_power=1000000 must be an integer"
+                                                                  " from 0 to 127 (the initial loss scale is 2^power)"),
+    ({"fp16": {"enabled": True, "loss_scale_window": 2.5}}, "fp16.loss_scale_window=2.5 must be an integer"),
+    ({"fp16": {"enabled": True, "min_loss_scale": "1"}}, "fp16.min_loss_scale='1' must be a number"),
+    ({"fp16": {"enabled": True, "loss_scale": None}}, "fp16.loss_scale=None must be a number"),
+    ({"fp16": {"enabled": True, "hysteresis": "2"}}, "fp16.hysteresis='2' must be an integer"),
+    ({"optimizer": {"type": "AdamW", "params": [0.1, 0.9]}}, "optimizer.params=[0.1, 0.9] must be an object"),
+    ({"optimizer": {"type": ["AdamW"]}}, "optimizer.type=['AdamW'] must be a string"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "1e-3"}}}, "optimizer.params.lr='1e-3' must be a number"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": True}}}, "optimizer.params.lr=True must be a number"),
+    ({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, "0.99"]}}},
+     "optimizer.params.betas=[0.9, '0.99'] must be a list of two numbers"),
+    ({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": "true"}}},
+     "optimizer.params.adam_w_mode='true' must be true or false"),
+    ({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_type": "linear", "cos_min_ratio": "0.1"}}},
+     "scheduler.params.cos_min_ratio='0.1' must be a number"),
+    ({"scheduler": {"type": ["WarmupLR"]}}, "scheduler.type=['WarmupLR'] must be a string"),
+    ({"scheduler": {"type": "WarmupLR", "params": "fast"}}, "scheduler.params='fast' must be an object"),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linear", "warmup_num_steps": 7.5}}},
+     "scheduler.params.warmup_num_steps=7.5 must be an integer"),
+    ({"zero_optimization": {"stage": "2"}}, "zero_optimization.stage='2' must be an integer"),
+    ({"gradient_clipping": "1.0"}, "gradient_clipping='1.0' must be a number"),
+    ({"steps_per_print": True}, "steps_per_print=True must be an integer"),
+    ({"train_batch_size": "64"}, "train_batch_size='64' must be an integer"),
+])
+def test_deepspeed_values_of_the_wrong_type_are_one_line(tmp_path, ds, named):
+    path = write(tmp_path, "ds.json", ds)
+    assert error_of(["--deepspeed-config", path]) == f"{path}: {named}"
+
+
+AUTO_KEYS = [("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("gradient_accumulation_steps",),
+             ("gradient_clipping",), ("fp16", "enabled"), ("bf16", "enabled"), ("optimizer", "params", "lr"),
+             ("optimizer", "params", "betas"), ("optimizer", "params", "eps"), ("optimizer", "params", "weight_decay"),
+             ("scheduler", "params", "warmup_min_lr"), ("scheduler", "params", "warmup_max_lr"),
+             ("scheduler", "params", "warmup_num_steps"), ("scheduler", "params", "total_num_steps")]
+
+
+@pytest.mark.parametrize("key", AUTO_KEYS, ids=".".join)
+def test_auto_is_refused_with_a_line_saying_zerompi_does_not_resolve_it(tmp_path, key):
+    ds = {"optimizer": {"type": "AdamW", "params": {}},
+          "scheduler": {"type": "WarmupLR" if key[-1] != "total_num_steps" else "WarmupCosineLR",
+                        "params": {"warmup_type": "linear"}}}
+    table = ds
+    for part in key[:-1]:
+        table = table.setdefault(part, {})
+    table[key[-1]] = "auto"
+    path = write(tmp_path, "ds.json", ds)
+    assert error_of(["--deepspeed-config", path]) == (f'{path}: {".".join(key)} is "auto": zerompi does not resolve '
+                                                      f'"auto" yet; give a value')
+
+
+def test_auto_where_deepspeed_does_not_take_it_is_a_wrong_type(tmp_path):
+    path = write(tmp_path, "ds.json", {"zero_optimization": {"stage": "auto"}})
+    assert error_of(["--deepspeed-config", path]) == f"{path}: zero_optimization.stage='auto' must be an integer"
+
+
+def test_a_toml_switch_needs_a_boolean(tmp_path):
+    toml = write(tmp_path, "run.toml", 'shuffle = "false"\n')
+    assert error_of(["--config", toml]) == f"{toml}: shuffle='false' must be true or false"
+
+
+def test_a_key_with_a_line_break_is_named_on_one_line(tmp_path):
+    path = write(tmp_path, "ds.json", {"bad\nkey": 1})
+    message = error_of(["--deepspeed-config", path])
+    assert "\n" not in message and "'bad\\nkey'" in message

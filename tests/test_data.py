@@ -1,7 +1,13 @@
 """Tests of zerompi.data: the synthetic set, the .npz loader and its errors, the batch schedule."""
+import io
+import os
+import signal
+import zipfile
+
 import numpy as np
 import pytest
 
+import zerompi.inputs
 from zerompi.train.data import BatchSchedule, DataError, Dataset, load_npz, make_synthetic
 
 
@@ -98,10 +104,10 @@ def test_load_npz_converts_integer_x(tmp_path):
 # load_npz: every bad input is one DataError line naming the file and the problem
 # ----------------------------------------------------------------------------------------------
 
-def load_error(path):
-    """The message of the DataError that load_npz(path) raises, checked to be one line."""
+def load_error(path, *dtype):
+    """The message of the DataError that load_npz(path, *dtype) raises, checked to be one line."""
     with pytest.raises(DataError) as caught:
-        load_npz(str(path))
+        load_npz(str(path), *dtype)
     message = str(caught.value)
     assert str(path) in message and "\n" not in message
     return message
@@ -202,7 +208,7 @@ def test_nan_and_inf_in_x(tmp_path):
     x = GOOD_X.copy()
     x[2, 1], x[3, 0] = np.nan, np.inf
     message = load_error(save(tmp_path, x=x, y=GOOD_Y))
-    assert "NaN" in message and "2 NaN or inf" in message and "row 2, column 1" in message
+    assert "NaN" in message and "2 values that are not finite" in message and "row 2, column 1: nan" in message
 
 
 def test_nan_in_x_test(tmp_path):
@@ -226,6 +232,149 @@ def test_object_arrays_are_refused(tmp_path):
     objects = np.array([[1.0, "a", None]] * 4, dtype=object)
     message = load_error(save(tmp_path, x=objects, y=GOOD_Y))
     assert "'x'" in message and "pickle" in message
+
+
+# ----------------------------------------------------------------------------------------------
+# load_npz: values that overflow the run's compute dtype, dtypes that are not numbers
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["x", "x_test"])
+def test_values_that_overflow_float32_are_refused_in_a_float32_run(tmp_path, key):
+    arrays = dict(x=GOOD_X.copy(), y=GOOD_Y, x_test=GOOD_X.copy(), y_test=GOOD_Y)
+    arrays[key][2, 1] = 1e300                                  # finite in float64, inf in float32
+    arrays[key][3, 0] = -4e38
+    path = save(tmp_path, **arrays)
+    message = load_error(path, np.float32)
+    assert f"{key!r} has 2 values that are not finite in float32" in message
+    assert "the first at row 2, column 1" in message
+    assert load_npz(str(path), np.float64).x_train.shape == (4, 3)     # fine in a float64 run
+
+
+def test_the_largest_float32_is_accepted(tmp_path):
+    x = GOOD_X.copy()
+    x[0, 0] = np.finfo(np.float32).max
+    assert load_npz(str(save(tmp_path, x=x, y=GOOD_Y)), np.float32).x_train[0, 0] == x[0, 0]
+
+
+@pytest.mark.parametrize("labels", [np.array([0, 1, 2, 1], dtype="m8[s]"), np.array([True, False, True, True])],
+                         ids=["timedelta64", "bool"])
+def test_labels_must_be_signed_or_unsigned_integers(tmp_path, labels):
+    message = load_error(save(tmp_path, x=GOOD_X, y=labels))
+    assert "'y'" in message and "integer labels" in message and str(labels.dtype) in message
+
+
+@pytest.mark.parametrize("x", [np.zeros((4, 3), dtype="M8[D]"), np.zeros((4, 3), dtype=np.complex128),
+                               np.zeros((4, 3), dtype=bool)], ids=["datetime64", "complex", "bool"])
+def test_x_must_be_real_numbers(tmp_path, x):
+    message = load_error(save(tmp_path, x=x, y=GOOD_Y))
+    assert "'x'" in message and "floating point" in message and str(x.dtype) in message
+
+
+# ----------------------------------------------------------------------------------------------
+# load_npz: sizes a file declares are checked before anything is allocated
+# ----------------------------------------------------------------------------------------------
+
+def npy_bytes(dtype, shape, data=b""):
+    """An .npy file's bytes: a version 1.0 header declaring (dtype, shape), then `data`."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                  "fortran_order": False, "shape": shape})
+    return header.getvalue() + data
+
+
+def write_zip(path, members, compression=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(path, "w", compression=compression) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def y_member(rows=4):
+    return npy_bytes(np.int64, (rows,), np.zeros(rows, dtype=np.int64).tobytes())
+
+
+def test_a_header_declaring_more_than_the_member_holds_is_refused_before_allocating(tmp_path):
+    path = write_zip(tmp_path / "data.npz", {"x.npy": npy_bytes(np.float64, (10 ** 11, 4), bytes(32)),
+                                             "y.npy": y_member()})
+    message = load_error(path)          # numpy alone would try to allocate 3.2 TB first
+    assert "'x'" in message and "(100000000000, 4) float64" in message and "32 bytes of data" in message
+
+
+def test_a_header_declaring_less_than_the_member_holds_is_refused(tmp_path):
+    x = np.arange(12.0).reshape(4, 3)
+    path = write_zip(tmp_path / "data.npz", {"x.npy": npy_bytes(np.float64, (2, 3), x.tobytes()),
+                                             "y.npy": y_member()})
+    message = load_error(path)          # numpy alone would read the first 2 rows and ignore the rest
+    assert "'x'" in message and "(2, 3) float64" in message and "96 bytes of data" in message
+
+
+def test_a_member_that_is_not_npy_data_is_refused_without_reading_it(tmp_path):
+    path = write_zip(tmp_path / "data.npz", {"x.npy": b"\0" * 1000, "y.npy": y_member()})
+    assert "'x' is not an .npy array" in load_error(path)
+
+
+def test_a_zip_entry_declaring_more_than_the_file_holds_is_refused(tmp_path):
+    x = np.zeros((4, 3))
+    path = write_zip(tmp_path / "data.npz", {"x.npy": npy_bytes(np.float64, (4, 3), x.tobytes()),
+                                             "y.npy": y_member()})
+    contents = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo("x.npy")
+    central = contents.index(b"PK\x01\x02")                  # x.npy's central directory entry
+    declared = info.file_size + 10 ** 9                        # its stored data: 1 GB more than is there
+    for offset in (20, 24):                                    # compressed and uncompressed size
+        contents[central + offset:central + offset + 4] = declared.to_bytes(4, "little")
+    path.write_bytes(bytes(contents))
+    message = load_error(path)
+    assert "'x'" in message and "bytes" in message and "holds" in message
+
+
+def test_a_zip_bomb_is_refused_before_it_expands(tmp_path, monkeypatch):
+    rows = 100_000
+    path = write_zip(tmp_path / "bomb.npz", {"x.npy": npy_bytes(np.float64, (rows, 10), bytes(rows * 80)),
+                                             "y.npy": y_member(rows)}, zipfile.ZIP_DEFLATED)
+    assert os.path.getsize(path) < 100_000                     # 8.8 MB of zeros in a few KB
+    monkeypatch.setattr(zerompi.inputs, "available_bytes", lambda ranks_on_node=1: 4_000_000)
+    message = load_error(path)
+    assert "'x' of shape (100000, 10) float64" in message and "more than the 4.0 MB" in message
+
+
+def test_memory_is_shared_by_the_ranks_on_the_node(tmp_path, monkeypatch):
+    path = save(tmp_path, x=np.zeros((1000, 10)), y=np.zeros(1000, dtype=np.int64))
+    monkeypatch.setattr(zerompi.inputs, "available_bytes", lambda ranks_on_node=1: 400_000 // ranks_on_node)
+    assert load_npz(str(path), np.float64, ranks_on_node=1).x_train.shape == (1000, 10)
+    with pytest.raises(DataError, match="more than the"):
+        load_npz(str(path), np.float64, ranks_on_node=8)
+
+
+# ----------------------------------------------------------------------------------------------
+# load_npz: only regular files are read
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_hang():
+    """Fail a test whose blocking open would hang, after 5 s, instead of hanging the suite."""
+    def timeout(signum, frame):
+        raise TimeoutError("blocked for 5 s")
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path, no_hang):
+    fifo = tmp_path / "data.npz"
+    os.mkfifo(fifo)
+    assert "is a FIFO" in load_error(fifo)
+    link = tmp_path / "link.npz"
+    link.symlink_to(fifo)
+    assert "is a FIFO" in load_error(link)
+
+
+def test_a_device_is_refused():
+    with pytest.raises(DataError, match="/dev/zero: is a character device"):
+        load_npz("/dev/zero")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """zerompi.weights: consolidated .npz files, on a single-process engine (N = 1, every stage)."""
+import io
 import os
+import signal
 import zipfile
 
 import numpy as np
@@ -183,7 +185,7 @@ def test_read_good_file_written_by_numpy(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    assert "does not exist" in read_error(tmp_path / "absent.npz")
+    assert "no such file" in read_error(tmp_path / "absent.npz")
 
 
 def test_text_file(tmp_path):
@@ -256,7 +258,7 @@ def test_object_array_is_not_unpickled(tmp_path):
 def test_empty_file(tmp_path):
     path = tmp_path / "w.npz"
     path.write_bytes(b"")
-    assert "not a readable .npz" in read_error(path)
+    assert "not a valid .npz" in read_error(path)
 
 
 def corrupt_member(path, name):
@@ -285,3 +287,59 @@ def test_member_that_is_not_npy_data(tmp_path):
                 else:
                     np.lib.format.write_array(member, value, allow_pickle=False)
     assert "layers.0.weight" in read_error(path)
+
+
+# ---------------------------------------------------------------- sizes and file kinds checked before reading
+
+
+def npz_with_header(path, name, shape, data):
+    """good_tensors() as an .npz, except that member `name` has a header declaring `shape` (float64)
+    followed by the bytes `data`."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w") as archive:
+        for key, value in good_tensors().items():
+            if key == name:
+                archive.writestr(key + ".npy", header.getvalue() + data)
+            else:
+                with archive.open(key + ".npy", "w") as member:
+                    np.lib.format.write_array(member, value, allow_pickle=False)
+    return path
+
+
+def test_a_header_declaring_a_huge_shape_is_refused_before_allocating(tmp_path):
+    path = npz_with_header(tmp_path / "w.npz", "layers.0.weight", (10 ** 11, 4), bytes(32))
+    message = read_error(path)              # numpy alone would try to allocate 3.2 TB first
+    assert "layers.0.weight" in message and "(100000000000, 4)" in message
+
+
+def test_a_header_declaring_less_than_the_member_holds_is_refused(tmp_path):
+    weight = np.ones((37, 5))
+    path = npz_with_header(tmp_path / "w.npz", "layers.0.weight", (37, 4), weight.tobytes())
+    message = read_error(path)
+    assert "layers.0.weight" in message and "(37, 4)" in message
+
+
+@pytest.fixture
+def no_hang():
+    """Fail a test whose blocking open would hang, after 5 s, instead of hanging the suite."""
+    def timeout(signum, frame):
+        raise TimeoutError("blocked for 5 s")
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("name", ["w.npz", "w.safetensors"])
+def test_a_fifo_is_refused_without_blocking(tmp_path, no_hang, name):
+    os.mkfifo(tmp_path / name)
+    assert "is a FIFO" in read_error(tmp_path / name)
+    (tmp_path / ("link-" + name)).symlink_to(tmp_path / name)
+    assert "is a FIFO" in read_error(tmp_path / ("link-" + name))
+
+
+def test_a_device_is_refused():
+    with pytest.raises(WeightsError, match="/dev/zero: is a character device"):
+        read_all("/dev/zero")

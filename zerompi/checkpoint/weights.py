@@ -19,17 +19,17 @@ the values to the stage, which keeps what it owns. A .safetensors file with the 
 """
 import os
 import zipfile
-import zlib
 
 import numpy as np
 
 from .atomic import atomic_file
 from ..devices.device import to_numpy
+from ..inputs import open_regular
+from ..npz_members import declared, open_npz, read
 from ..precision import BF16
 
 from .params import full_layer_params
 from .safetensors_io import SafetensorsError, read_header, read_tensor
-
 
 
 class WeightsError(ValueError):
@@ -89,41 +89,38 @@ def portable(tensor):
 
 def read_weights(path, layout):
     """Yield (layer, values (numel,) float64) for each layer, after checking names, shapes and values,
-    from a consolidated .npz or a .safetensors file. Raises WeightsError naming the file and the problem."""
+    from a consolidated .npz or a .safetensors file. Only a regular file is read; an .npz member's
+    shape is checked (against the file and the model, zerompi/npz_members.py) before it is read.
+    Raises WeightsError naming the file and the problem."""
     if path.endswith(".safetensors"):
-        if not os.path.exists(path):
-            raise WeightsError(f"weights file {path} does not exist")
+        open_regular(path, _weights_error).close()           # a FIFO or a device: refused, not opened
         try:
             header, _, data_start = read_header(path)
         except SafetensorsError as e:
             raise WeightsError(f"weights file {e}") from None
-        yield from _layers(path, layout, header, lambda name: read_tensor(path, header, data_start, name))
+        yield from _layers(path, layout, header, lambda name, want: read_tensor(path, header, data_start, name))
         return
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise WeightsError(f"weights file {path} does not exist") from None
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
-        raise WeightsError(f"weights file {path} is not a readable .npz: {e or 'empty file'}") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise WeightsError(f"weights file {path} is a single .npy array, not an .npz of named tensors")
 
-    def read_member(name):
-        try:
-            tensor = archive[name]
-        except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as e:
-            raise WeightsError(f"weights file {path}: {name} cannot be read: {e}") from None
-        if not isinstance(tensor, np.ndarray):      # a member that is not .npy data
-            raise WeightsError(f"weights file {path}: {name} is not an .npy array")
-        return tensor
+    with open_npz(path, _weights_error) as archive:
+        def read_member(name, want):
+            what = f"weights file {path}: {name}"
+            shape, _ = declared(archive, name, WeightsError, what)
+            if shape != want:                                # before numpy allocates the declared shape
+                raise WeightsError(_shape_mismatch(path, layout, name, shape, want))
+            return read(archive, name, WeightsError, what)
 
-    with archive:
         yield from _layers(path, layout, archive.files, read_member)
 
 
+def _weights_error(message):
+    """WeightsError for a message naming the file (open_regular's, open_npz's)."""
+    return WeightsError(f"weights file {message}")
+
+
 def _layers(path, layout, names_in_file, read):
-    """(layer, values) for each layer, reading each tensor with read(name) after checking that the
-    file's names are the model's (safetensors exports may add optimizer.* tensors)."""
+    """(layer, values) for each layer, reading each tensor with read(name, shape the model needs)
+    after checking that the file's names are the model's (safetensors exports may add optimizer.*
+    tensors)."""
     model_names = [name for layer in layout.layers for name in layout.tensor_names(layer)]
     extra = sorted(set(names_in_file) - set(model_names) - {n for n in names_in_file if n.startswith("optimizer.")})
     if extra:
@@ -134,16 +131,19 @@ def _layers(path, layout, names_in_file, read):
         for name in layout.tensor_names(layer):
             if name not in names_in_file:
                 raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
-            values.append(_checked(path, layout, layer, name, read(name)))
+            want = (layer.out_features, layer.in_features) if name.endswith(".weight") else (layer.out_features,)
+            values.append(_checked(path, layout, name, want, read(name, want)))
         yield layer, np.concatenate(values).astype(np.float64)
 
 
-def _checked(path, layout, layer, name, tensor):
+def _shape_mismatch(path, layout, name, shape, want):
+    return f"weights file {path}: {name} has shape {shape}, the model (sizes {layout.sizes}) needs {want}"
+
+
+def _checked(path, layout, name, want, tensor):
     """The tensor flattened, after checking its shape, dtype and values."""
-    want = (layer.out_features, layer.in_features) if name.endswith(".weight") else (layer.out_features,)
     if tensor.shape != want:
-        raise WeightsError(f"weights file {path}: {name} has shape {tensor.shape}, the model"
-                           f" (sizes {layout.sizes}) needs {want}")
+        raise WeightsError(_shape_mismatch(path, layout, name, tensor.shape, want))
     if not (np.issubdtype(tensor.dtype, np.floating) or tensor.dtype == BF16):
         raise WeightsError(f"weights file {path}: {name} has dtype {tensor.dtype}, not a float type")
     if not np.all(np.isfinite(tensor.astype(np.float64))):

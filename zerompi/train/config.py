@@ -7,16 +7,21 @@ widths a comma-separated list), with any `choices` argparse then enforces itself
 
 The defaults train the shipped handwritten digits with `mpirun -n 8 python -m zerompi.train` in well
 under a minute on 2 cores. Every check here runs identically on every rank (it depends only on the
-arguments and N), so every rank reaches the same verdict without communicating.
+arguments, N and the files the paths name), so every rank reaches the same verdict without
+communicating.
 """
 import argparse
 import math
+import os
 from dataclasses import dataclass, field, fields
 
 from .config_files import ConfigFileError, flags_from_file
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import ExitCode
-from ..precision import DTYPE_NAMES
+from ..inputs import check_fits
+from ..memory import model_state_bytes
+from ..precision import DTYPE_NAMES, precision_for
+from .data import BUILTIN_DATA
 from .schedule import SCHEDULES
 
 
@@ -25,9 +30,9 @@ REPORT_CHOICES = ("table", "json", "none")
 PROGRESS_CHOICES = ("auto", "live", "lines")
 
 # the argument groups; --help lists them in the order of TrainConfig's fields
-MODEL, OPTIMIZER, ZERO, PRECISION, CHECKPOINTS, OUTPUT, GUARDS = (
-    "model and data", "optimizer and schedule", "ZeRO and communication", "precision", "checkpoints",
-    "output and observability", "guards")
+CONFIG_FILES, MODEL, OPTIMIZER, ZERO, PRECISION, CHECKPOINTS, OUTPUT, GUARDS = (
+    "config files", "model and data", "optimizer and schedule", "ZeRO and communication", "precision",
+    "checkpoints", "output and observability", "guards")
 
 
 def option(default, help, group, **argparse_kwargs):
@@ -38,6 +43,11 @@ def option(default, help, group, **argparse_kwargs):
 
 @dataclass
 class TrainConfig:
+    config: str = option("", "read flags from a TOML file (keys: the long flag names) or, if it ends in .json, "
+                         "a DeepSpeed config; flags on the command line win", CONFIG_FILES, metavar="FILE")
+    deepspeed_config: str = option("", "read a DeepSpeed JSON config (zero_optimization.stage, batch sizes, "
+                                   "fp16/bf16, optimizer, gradient_clipping, scheduler); flags on the command "
+                                   "line win", CONFIG_FILES, metavar="FILE")
     hidden: tuple = option((128, 128), "hidden layer widths, comma-separated; the input and output "
                            "widths come from the data", MODEL, metavar="W1,W2,...")
     classes: int = option(0, "output width (0: 1 + the largest label in the data)", MODEL)
@@ -164,13 +174,6 @@ def build_parser(rank=0):
                 epilog="exit status: " + ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}"
                                                    for code in ExitCode) + " (zerompi/exit_codes.py)",
                 formatter_class=_HelpFormatter)
-    files = p.add_argument_group("config files")
-    files.add_argument("--config", default="", metavar="FILE",
-                       help="read flags from a TOML file (keys: the long flag names) or, if it ends in .json, "
-                            "a DeepSpeed config; flags on the command line win")
-    files.add_argument("--deepspeed-config", default="", metavar="FILE",
-                       help="read a DeepSpeed JSON config (zero_optimization.stage, batch sizes, fp16/bf16, "
-                            "optimizer, gradient_clipping, scheduler); flags on the command line win")
     groups = {}
     for f in fields(TrainConfig):
         group = f.metadata["group"]
@@ -275,4 +278,57 @@ def check_config(cfg, num_ranks):
         return f"--collective-timeout must be >= 0 seconds (0: off), got {cfg.collective_timeout}"
     if not cfg.loss_scale > 0 or not cfg.min_loss_scale > 0:
         return f"--loss-scale and --min-loss-scale must be positive, got {cfg.loss_scale}, {cfg.min_loss_scale}"
+    return output_overwrites_input(cfg)
+
+
+OUTPUT_FLAGS = ("save_weights", "metrics", "trace")
+INPUT_FLAGS = ("data", "init_weights", "config", "deepspeed_config")
+
+
+def output_overwrites_input(cfg):
+    """One line if an output (--save-weights, --metrics, --trace) is an input (--data,
+    --init-weights, --config, --deepspeed-config) by any name: the same (st_dev, st_ino) where the
+    output exists, so symlinks and hard links count; or if --save-dir is or holds an input (by
+    real path). None if no output touches an input."""
+    inputs = [(_flag_name(name), getattr(cfg, name)) for name in INPUT_FLAGS
+              if getattr(cfg, name) and os.path.exists(getattr(cfg, name))
+              and not (name == "data" and cfg.data in BUILTIN_DATA)]
+    for name in OUTPUT_FLAGS:
+        output = getattr(cfg, name)
+        for flag, path in inputs:
+            if output and _same_file(output, path):
+                return (f"{_flag_name(name)} {output} is {flag} {path}: writing it would destroy the input; "
+                        f"choose another path")
+    if cfg.save_dir:
+        folder = os.path.realpath(cfg.save_dir)
+        for flag, path in inputs:
+            if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
+                return (f"--save-dir {cfg.save_dir} holds {flag} {path}: checkpoints are written and rotated "
+                        f"there; keep the inputs outside it")
+    return None
+
+
+def _same_file(a, b):
+    try:
+        return os.path.samefile(a, b)          # os.stat of both: (st_dev, st_ino) after symlinks
+    except OSError:                            # a does not exist (yet): it is no existing input
+        return False
+
+
+def _flag_name(field_name):
+    return "--" + field_name.replace("_", "-")
+
+
+def model_memory_error(sizes, cfg, num_ranks, ranks_on_node):
+    """One line if the MLP's parameters, gradients and Adam state per rank (zerompi/memory.py's
+    formulas for cfg.stage and cfg.dtype; activations and buffers come on top) need more memory
+    than this process may still allocate, ranks_on_node sharing the node's; else None."""
+    num_params = sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))
+    per_rank = model_state_bytes(cfg.stage, num_params, num_ranks, precision_for(cfg.dtype).bytes_per_param())
+    model = f"{'-'.join(map(str, sizes))} ({num_params:,} parameters, stage {cfg.stage}, {cfg.dtype}, {num_ranks} ranks)"
+    try:
+        check_fits(per_rank["total"], f"the parameters, gradients and Adam state per rank of the MLP {model}",
+                   ArgumentError, ranks_on_node)
+    except ArgumentError as e:
+        return str(e)
     return None

@@ -24,9 +24,22 @@ same thing; any other key, or a value zerompi cannot honour, is an error naming 
     scheduler WarmupCosineLR (linear, from 0)       --warmup-steps, --steps total_num_steps, cosine,
                                                     --min-lr cos_min_ratio x lr
     steps_per_print                                 --log-every
+
+Every value is read with DeepSpeed's type (a boolean is a JSON true/false, a number is not a
+string, `optimizer.params` is an object, ...); a value of another type is one line naming it.
+"auto", which DeepSpeed accepts where Hugging Face Transformers and Accelerate fill the value in
+(the batch sizes, gradient_clipping, fp16/bf16.enabled, optimizer.params lr, betas, eps,
+weight_decay, scheduler.params warmup_min_lr, warmup_max_lr, warmup_num_steps, total_num_steps),
+is refused with one line: zerompi does not resolve it yet.
+
+Config files are read only if they are regular files (a FIFO would block before MPI starts), and
+a file nested too deeply for the parser (JSON or TOML) is one line, not a RecursionError.
 """
 import json
 import sys
+from dataclasses import dataclass
+
+from ..inputs import open_regular
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,31 +51,68 @@ class ConfigFileError(Exception):
     """A bad config file; str(e) is the one-line message."""
 
 
+@dataclass(frozen=True)
+class Kind:
+    """A JSON type a DeepSpeed key takes: `accepts(value)`, and how a message names it."""
+    name: str
+    accepts: object
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+INTEGER = Kind("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+NUMBER = Kind("a number", _is_number)
+BOOLEAN = Kind("true or false", lambda v: isinstance(v, bool))
+TEXT = Kind("a string", lambda v: isinstance(v, str))
+OBJECT = Kind("an object", lambda v: isinstance(v, dict))
+TWO_NUMBERS = Kind("a list of two numbers", lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)))
+
+# the keys where Transformers and Accelerate accept "auto" and fill in a value
+AUTO_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+             "gradient_clipping", "fp16.enabled", "bf16.enabled", "optimizer.params.lr", "optimizer.params.betas",
+             "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
+             "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+             "scheduler.params.total_num_steps"}
+MAX_SCALE_POWER = 127                          # the initial loss scale 2^power must fit float32
+
+
 def flags_from_file(path, deepspeed, known_flags, num_ranks, default_lr):
     """Command-line flags [--name, value, ...] for the TOML file at path (deepspeed False) or the
     DeepSpeed JSON at path (True); known_flags: {long flag name (without the dashes): True for a
     --x/--no-x switch};
     default_lr: --lr's default (for a cosine floor given as a ratio of an lr the file leaves out)."""
-    try:
-        with open(path, "rb") as f:
+    with open_regular(path, _unreadable) as f:
+        try:
             text = f.read()
-    except OSError as e:
-        raise ConfigFileError(f"cannot read config file {path}: {e.strerror or e}") from None
+        except OSError as e:
+            raise ConfigFileError(f"cannot read config file {path}: {e.strerror or e}") from None
     try:
         table = json.loads(text) if deepspeed else tomllib.loads(text.decode())
     except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigFileError(f"{path} is not valid {'JSON' if deepspeed else 'TOML'}: {e}") from None
+        raise ConfigFileError(f"{path} is not valid {'JSON' if deepspeed else 'TOML'}: {_one_line(e)}") from None
+    except RecursionError:
+        raise ConfigFileError(f"{path} is not valid {'JSON' if deepspeed else 'TOML'}: nested too deeply "
+                              f"(a config file has a few levels)") from None
     if not isinstance(table, dict):
         raise ConfigFileError(f"{path}: expected a JSON object at the top level")
     return deepspeed_flags(table, num_ranks, path, default_lr) if deepspeed else toml_flags(table, known_flags, path)
+
+
+def _unreadable(message):
+    """ConfigFileError for open_regular's message (which names the file)."""
+    return ConfigFileError(f"cannot read config file {message}")
 
 
 def toml_flags(table, known_flags, path):
     flags, unknown = [], []
     for key, value in table.items():
         if key not in known_flags or key in ("config", "deepspeed-config") or isinstance(value, dict):
-            unknown.append(key)
-        elif (value is True or value is False) and known_flags[key]:    # overlap = true: --overlap
+            unknown.append(_name(key))
+        elif known_flags[key]:                                          # overlap = true: --overlap
+            if not isinstance(value, bool):
+                raise ConfigFileError(f"{path}: {key}={_shown(value)} must be true or false")
             flags.append(f"--{key}" if value else f"--no-{key}")
         elif isinstance(value, list):
             flags += [f"--{key}", ",".join(map(str, value))]
@@ -74,82 +124,93 @@ def toml_flags(table, known_flags, path):
     return flags
 
 
+def typed(table, prefix, key, kind, path, default=None):
+    """table[key] if it is of `kind` (default where absent); else ConfigFileError, one line naming
+    prefix + key. "auto" in AUTO_KEYS gets its own line: zerompi does not resolve it yet."""
+    if key not in table:
+        return default
+    value, name = table[key], prefix + key
+    if value == "auto" and name in AUTO_KEYS:
+        raise ConfigFileError(f'{path}: {name} is "auto": zerompi does not resolve "auto" yet; give a value')
+    if not kind.accepts(value):
+        raise ConfigFileError(f"{path}: {name}={_shown(value)} must be {kind.name}")
+    return value
+
+
 def deepspeed_flags(ds, num_ranks, path, default_lr):
     flags = {}                                   # flag -> value
     unsupported = []                             # "key" or "key=value (why)", in file order
 
-    def section(name):
-        value = ds.get(name, {})
-        if not isinstance(value, dict):
-            unsupported.append(f"{name}={value!r} (expected an object)")
-            return {}
-        return value
-
     def leftovers(prefix, table, mapped):
-        unsupported.extend(f"{prefix}{key}" for key in table if key not in mapped)
+        unsupported.extend(_name(f"{prefix}{key}") for key in table if key not in mapped)
 
     known = {"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
              "gradient_accumulation_steps", "fp16", "bf16", "optimizer", "gradient_clipping",
              "scheduler", "steps_per_print"}
     leftovers("", ds, known)
 
-    zero = section("zero_optimization")
+    zero = typed(ds, "", "zero_optimization", OBJECT, path, {})
     leftovers("zero_optimization.", zero, {"stage"})
     if "stage" in zero:
-        flags["--stage"] = zero["stage"]
+        flags["--stage"] = typed(zero, "zero_optimization.", "stage", INTEGER, path)
 
     batch = _batch_flags(ds, num_ranks, path)
     flags.update(batch)
 
-    fp16, bf16 = section("fp16"), section("bf16")
+    fp16, bf16 = typed(ds, "", "fp16", OBJECT, path, {}), typed(ds, "", "bf16", OBJECT, path, {})
     leftovers("bf16.", bf16, {"enabled"})
-    if fp16.get("enabled") and bf16.get("enabled"):
+    fp16_on = typed(fp16, "fp16.", "enabled", BOOLEAN, path, False)
+    bf16_on = typed(bf16, "bf16.", "enabled", BOOLEAN, path, False)
+    loss_scale = typed(fp16, "fp16.", "loss_scale", NUMBER, path, 0)
+    hysteresis = typed(fp16, "fp16.", "hysteresis", INTEGER, path, 1)
+    power = typed(fp16, "fp16.", "initial_scale_power", INTEGER, path)
+    if power is not None and not 0 <= power <= MAX_SCALE_POWER:
+        raise ConfigFileError(f"{path}: fp16.initial_scale_power={power} must be an integer from 0 to "
+                              f"{MAX_SCALE_POWER} (the initial loss scale is 2^power)")
+    window = typed(fp16, "fp16.", "loss_scale_window", INTEGER, path)
+    min_scale = typed(fp16, "fp16.", "min_loss_scale", NUMBER, path)
+    if fp16_on and bf16_on:
         raise ConfigFileError(f"{path}: fp16.enabled and bf16.enabled are both true: choose one")
-    if bf16.get("enabled"):
+    if bf16_on:
         flags["--dtype"] = "bf16"
-    if fp16.get("enabled"):
+    if fp16_on:
         flags["--dtype"] = "fp16"
         leftovers("fp16.", fp16, {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
                                   "min_loss_scale", "hysteresis"})
-        if fp16.get("loss_scale", 0) != 0:
-            unsupported.append(f"fp16.loss_scale={fp16['loss_scale']} (a static scale; 0: dynamic)")
-        if fp16.get("hysteresis", 1) != 1:
-            unsupported.append(f"fp16.hysteresis={fp16['hysteresis']} (zerompi halves the scale at every "
-                               f"overflow: 1)")
-        if "initial_scale_power" in fp16:
-            flags["--loss-scale"] = 2.0 ** fp16["initial_scale_power"]
-        for key, flag in (("loss_scale_window", "--loss-scale-window"), ("min_loss_scale", "--min-loss-scale")):
-            if key in fp16:
-                flags[flag] = fp16[key]
+        if loss_scale != 0:
+            unsupported.append(f"fp16.loss_scale={loss_scale} (a static scale; 0: dynamic)")
+        if hysteresis != 1:
+            unsupported.append(f"fp16.hysteresis={hysteresis} (zerompi halves the scale at every overflow: 1)")
+        for flag, value in (("--loss-scale", None if power is None else 2.0 ** power),
+                            ("--loss-scale-window", window), ("--min-loss-scale", min_scale)):
+            if value is not None:
+                flags[flag] = value
 
-    optimizer = section("optimizer")
+    optimizer = typed(ds, "", "optimizer", OBJECT, path, {})
     leftovers("optimizer.", optimizer, {"type", "params"})
     if optimizer:
-        if str(optimizer.get("type", "")).lower() not in ("adam", "adamw"):
-            unsupported.append(f"optimizer.type={optimizer.get('type')!r} (Adam or AdamW)")
-        params = optimizer.get("params", {})
+        kind = typed(optimizer, "optimizer.", "type", TEXT, path, "")
+        if kind.lower() not in ("adam", "adamw"):
+            unsupported.append(f"optimizer.type={_shown(kind)} (Adam or AdamW)")
+        params = typed(optimizer, "optimizer.", "params", OBJECT, path, {})
         leftovers("optimizer.params.", params, {"lr", "betas", "eps", "weight_decay", "adam_w_mode"})
-        if params.get("adam_w_mode", True) is not True:
+        if typed(params, "optimizer.params.", "adam_w_mode", BOOLEAN, path, True) is not True:
             unsupported.append("optimizer.params.adam_w_mode=false (zerompi's Adam decouples weight decay)")
         for key, flag in (("lr", "--lr"), ("eps", "--eps"), ("weight_decay", "--weight-decay")):
             if key in params:
-                flags[flag] = params[key]
+                flags[flag] = typed(params, "optimizer.params.", key, NUMBER, path)
         if "betas" in params:
-            betas = params["betas"]
-            if not (isinstance(betas, list) and len(betas) == 2):
-                unsupported.append(f"optimizer.params.betas={betas!r} (two numbers)")
-            else:
-                flags["--beta1"], flags["--beta2"] = betas
+            flags["--beta1"], flags["--beta2"] = typed(params, "optimizer.params.", "betas", TWO_NUMBERS, path)
 
     if "gradient_clipping" in ds:
-        flags["--clip-norm"] = ds["gradient_clipping"]
+        flags["--clip-norm"] = typed(ds, "", "gradient_clipping", NUMBER, path)
     if "steps_per_print" in ds:
-        flags["--log-every"] = ds["steps_per_print"]
+        flags["--log-every"] = typed(ds, "", "steps_per_print", INTEGER, path)
 
-    scheduler = section("scheduler")
+    scheduler = typed(ds, "", "scheduler", OBJECT, path, {})
     leftovers("scheduler.", scheduler, {"type", "params"})
     if scheduler:
-        flags.update(_scheduler_flags(scheduler, flags.get("--lr", default_lr), unsupported))
+        flags.update(_scheduler_flags(scheduler, flags.get("--lr", default_lr), unsupported, path))
 
     if unsupported:
         raise ConfigFileError(f"{path}: unsupported DeepSpeed settings: {', '.join(unsupported)}")
@@ -159,11 +220,11 @@ def deepspeed_flags(ds, num_ranks, path, default_lr):
 def _batch_flags(ds, num_ranks, path):
     """--batch-size (global) and --grad-accum from DeepSpeed's three batch keys, any two of which
     determine the third: train_batch_size = micro x accumulation x N."""
-    total = ds.get("train_batch_size")
-    micro = ds.get("train_micro_batch_size_per_gpu")
-    accumulation = ds.get("gradient_accumulation_steps")
+    total = typed(ds, "", "train_batch_size", INTEGER, path)
+    micro = typed(ds, "", "train_micro_batch_size_per_gpu", INTEGER, path)
+    accumulation = typed(ds, "", "gradient_accumulation_steps", INTEGER, path)
     given = [v for v in (total, micro, accumulation) if v is not None]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in given):
+    if not all(v > 0 for v in given):
         raise ConfigFileError(f"{path}: train_batch_size, train_micro_batch_size_per_gpu and "
                               f"gradient_accumulation_steps must be positive integers")
     if micro is not None and accumulation is not None:
@@ -188,30 +249,52 @@ def _batch_flags(ds, num_ranks, path):
     return flags
 
 
-def _scheduler_flags(scheduler, lr, unsupported):
+def _scheduler_flags(scheduler, lr, unsupported, path):
     """WarmupLR and WarmupCosineLR with a linear warm-up from 0, zerompi's two schedules."""
-    kind, params = scheduler.get("type"), scheduler.get("params", {})
+    kind = typed(scheduler, "scheduler.", "type", TEXT, path)
+    params = typed(scheduler, "scheduler.", "params", OBJECT, path, {})
     mapped = {"WarmupLR": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"},
               "WarmupCosineLR": {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
                                  "warmup_type"}}
     if kind not in mapped:
         unsupported.append(f"scheduler.type={kind!r} (WarmupLR or WarmupCosineLR)")
         return {}
-    unsupported.extend(f"scheduler.params.{key}" for key in params if key not in mapped[kind])
-    if params.get("warmup_type", "log") != "linear":
-        unsupported.append(f"scheduler.params.warmup_type={params.get('warmup_type', 'log')!r} (DeepSpeed's "
+    unsupported.extend(_name(f"scheduler.params.{key}") for key in params if key not in mapped[kind])
+
+    def param(key, kind, default=None):
+        return typed(params, "scheduler.params.", key, kind, path, default)
+
+    warmup_type = param("warmup_type", TEXT, "log")
+    if warmup_type != "linear":
+        unsupported.append(f"scheduler.params.warmup_type={_shown(warmup_type)} (DeepSpeed's "
                            f"default is 'log'; zerompi warms up linearly: set 'linear')")
     start = "warmup_min_lr" if kind == "WarmupLR" else "warmup_min_ratio"
-    if params.get(start, 0) != 0:
+    if param(start, NUMBER, 0) != 0:
         unsupported.append(f"scheduler.params.{start}={params[start]} (zerompi warms up from 0)")
     flags = {"--lr-schedule": "constant" if kind == "WarmupLR" else "cosine"}
     if "warmup_num_steps" in params:
-        flags["--warmup-steps"] = params["warmup_num_steps"]
+        flags["--warmup-steps"] = param("warmup_num_steps", INTEGER)
     if kind == "WarmupLR" and "warmup_max_lr" in params:
-        flags["--lr"] = params["warmup_max_lr"]
+        flags["--lr"] = param("warmup_max_lr", NUMBER)
     if kind == "WarmupCosineLR":
         if "total_num_steps" in params:
-            flags["--steps"] = params["total_num_steps"]
+            flags["--steps"] = param("total_num_steps", INTEGER)
         if "cos_min_ratio" in params:
-            flags["--min-lr"] = params["cos_min_ratio"] * float(lr)
+            flags["--min-lr"] = param("cos_min_ratio", NUMBER) * float(lr)
     return flags
+
+
+def _name(key):
+    """A key as a message shows it: as it is, or quoted with escapes where it has a line break or
+    another unprintable character."""
+    return key if key.isprintable() else repr(key)
+
+
+def _shown(value, limit=60):
+    """repr(value) on one line, cut to about `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _one_line(error):
+    return " ".join(str(error).split())

@@ -10,8 +10,9 @@ load_digits()          the handwritten digits shipped in the package (the defaul
 make_synthetic(seed)   a procedurally generated set: x ~ N(0, I), labels from a fixed random
                        "teacher" network, so an MLP can learn it well above chance. No download,
                        bitwise deterministic given its arguments.
-load_npz(path)         the user's data from an .npz archive, loaded without pickle, every problem
-                       reported as a one-line DataError naming the file.
+load_npz(path, dtype)  the user's data from an .npz archive: a regular file, loaded without
+                       pickle, sizes checked before allocating, values finite in the run's compute
+                       dtype; every problem a one-line DataError naming the file.
 load_data(cfg)         the data set --data names, checked against --classes and --batch-size.
 BatchSchedule          which training rows make up the global batch of each step. It depends only
                        on (num_samples, global_batch, seed, shuffle), never on the number of ranks:
@@ -19,11 +20,13 @@ BatchSchedule          which training rows make up the global batch of each step
                        trains on exactly the same batches.
 """
 import os
-import zipfile
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..inputs import check_fits
+from ..npz_members import declared, open_npz, read
+from ..precision import precision_for
 
 
 class DataError(ValueError):
@@ -117,33 +120,28 @@ def load_digits() -> Dataset:
 # Loading an .npz file
 # ----------------------------------------------------------------------------------------------
 
-def load_npz(path: str) -> Dataset:
+def load_npz(path: str, dtype=np.float64, ranks_on_node: int = 1) -> Dataset:
     """Load and check a dataset saved with np.savez(path, x=..., y=..., [x_test=..., y_test=...]).
 
     Keys:
         x        (S, F)  floating point; integer x (e.g. uint8 pixels) is accepted and converted
-        y        (S,)    integer labels >= 0 (float labels are refused, even integral ones)
+        y        (S,)    signed or unsigned integer labels >= 0 (float, bool and timedelta labels
+                         are refused, even integral ones)
         x_test   (T, F)  optional, same F as x; x_test and y_test come together or not at all
         y_test   (T,)
-    Other keys are ignored. The file is read with allow_pickle=False, so object arrays are refused.
-    x is returned as float64 and y as int64; num_classes is 1 + the largest label in y or y_test.
-    Every problem (missing file, not an .npz, missing key, wrong rank, dtype, length, a negative
-    label, NaN or inf in x, no samples) raises DataError with one line naming the file.
-    """
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: is not a regular file")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except ValueError:               # neither zip nor .npy: numpy would fall back to pickle
-        raise DataError(f"{path}: not a valid .npz file (not a zip archive of arrays)") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise DataError(f"{path}: not a valid .npz file ({_one_line(e)})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataError(f"{path}: is a single .npy array, not an .npz archive with keys x and y")
+    Other keys are ignored. x is returned as float64 and y as int64; num_classes is 1 + the
+    largest label in y or y_test. dtype: the run's compute dtype (zerompi/precision.py); every x
+    value must be finite in it (1e300 is finite in float64, inf in float32). ranks_on_node: the
+    processes sharing this node's memory.
 
-    with archive:
+    The file must be a regular file (a FIFO or a device is refused before it is opened), is read
+    without pickle, and each member's declared shape is checked against the file and against the
+    memory available before it is read (zerompi/npz_members.py). Every problem (missing file, not
+    an .npz, missing key, a header that lies, too large, wrong rank, dtype, length, a negative
+    label, a value not finite in dtype, no samples) raises DataError with one line naming the file.
+    """
+    dtype = np.dtype(dtype)
+    with open_npz(path, DataError) as archive:
         keys = sorted(archive.files)
         for key in ("x", "y"):
             if key not in keys:
@@ -152,10 +150,10 @@ def load_npz(path: str) -> Dataset:
         if has_test[0] != has_test[1]:
             present, absent = ("x_test", "y_test") if has_test[0] else ("y_test", "x_test")
             raise DataError(f"{path}: has {present!r} but not {absent!r}; give both or neither")
-        x_train, y_train = _read_split(path, archive, "x", "y")
+        x_train, y_train = _read_split(path, archive, "x", "y", dtype, ranks_on_node)
         x_test, y_test = None, None
         if has_test[0]:
-            x_test, y_test = _read_split(path, archive, "x_test", "y_test")
+            x_test, y_test = _read_split(path, archive, "x_test", "y_test", dtype, ranks_on_node)
             if x_test.shape[1] != x_train.shape[1]:
                 raise DataError(f"{path}: 'x_test' has {x_test.shape[1]} features but 'x' has "
                                 f"{x_train.shape[1]}")
@@ -164,34 +162,35 @@ def load_npz(path: str) -> Dataset:
     return Dataset(x_train, y_train, x_test, y_test, num_classes=largest_label + 1, name=path)
 
 
-def _read_split(path, archive, x_key, y_key):
+def _read_split(path, archive, x_key, y_key, dtype, ranks_on_node):
     """Read and check one (x, y) pair; returns x (rows, F) float64 and y (rows,) int64."""
-    x = _read_array(path, archive, x_key)
-    y = _read_array(path, archive, y_key)
-
-    if x.ndim != 2:
-        raise DataError(f"{path}: {x_key!r} must be 2-D (samples, features), got shape {x.shape}")
-    if y.ndim != 1:
-        raise DataError(f"{path}: {y_key!r} must be 1-D (a label per sample), got shape {y.shape}")
-    if x.shape[0] != y.shape[0]:
-        raise DataError(f"{path}: {x_key!r} has {x.shape[0]} samples but {y_key!r} has "
-                        f"{y.shape[0]} labels")
-    if x.shape[0] == 0:
+    x_shape, x_dtype = declared(archive, x_key, DataError, f"{path}: {x_key!r}")
+    y_shape, y_dtype = declared(archive, y_key, DataError, f"{path}: {y_key!r}")
+    if len(x_shape) != 2:
+        raise DataError(f"{path}: {x_key!r} must be 2-D (samples, features), got shape {x_shape}")
+    if len(y_shape) != 1:
+        raise DataError(f"{path}: {y_key!r} must be 1-D (a label per sample), got shape {y_shape}")
+    if x_shape[0] != y_shape[0]:
+        raise DataError(f"{path}: {x_key!r} has {x_shape[0]} samples but {y_key!r} has "
+                        f"{y_shape[0]} labels")
+    if x_shape[0] == 0:
         raise DataError(f"{path}: {x_key!r} has zero samples")
-    if x.shape[1] == 0:
+    if x_shape[1] == 0:
         raise DataError(f"{path}: {x_key!r} has zero features")
-    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
-        raise DataError(f"{path}: {x_key!r} must be floating point (or integer), "
-                        f"got dtype {x.dtype}")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{path}: {y_key!r} must hold integer labels, got dtype {y.dtype}")
+    if x_dtype.kind not in "fiu":
+        raise DataError(f"{path}: {x_key!r} must be floating point (or integer), got dtype {x_dtype}")
+    if y_dtype.kind not in "iu":
+        raise DataError(f"{path}: {y_key!r} must hold integer labels, got dtype {y_dtype}")
+    # what reading allocates: the file's arrays, x's float64 copy and the copy in dtype that
+    # _check_finite makes, y's int64 copy
+    rows, features = x_shape
+    check_fits(rows * features * (x_dtype.itemsize + 8 + dtype.itemsize) + rows * (y_dtype.itemsize + 8),
+               f"{path}: {x_key!r} of shape {x_shape} {x_dtype} and {y_key!r}, with their float64, "
+               f"{dtype} and int64 copies,", DataError, ranks_on_node)
 
-    x = np.ascontiguousarray(x, dtype=np.float64)            # (rows, F)
-    not_finite = ~np.isfinite(x)                             # (rows, F) bool
-    if not_finite.any():
-        row, col = np.argwhere(not_finite)[0]
-        raise DataError(f"{path}: {x_key!r} has {int(not_finite.sum())} NaN or inf values, "
-                        f"the first at row {row}, column {col}")
+    x = np.ascontiguousarray(read(archive, x_key, DataError, f"{path}: {x_key!r}"), dtype=np.float64)
+    _check_finite(path, x_key, x, dtype)
+    y = read(archive, y_key, DataError, f"{path}: {y_key!r}")
     negative = y < 0                                         # (rows,) bool
     if negative.any():
         first = int(np.argmax(negative))
@@ -203,34 +202,32 @@ def _read_split(path, archive, x_key, y_key):
     return x, y
 
 
-def _read_array(path, archive, key):
-    """archive[key], with the errors of a corrupt member or an object array as DataError."""
-    try:
-        return archive[key]
-    except ValueError as e:          # an object array (refused without pickle) or a bad header
-        raise DataError(f"{path}: cannot load {key!r} ({_one_line(e)}); only plain numeric "
-                        f"arrays are accepted, the file is read without pickle") from None
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        raise DataError(f"{path}: {key!r} is corrupt ({_one_line(e)})") from None
-
-
-def _one_line(error):
-    return " ".join(str(error).split())
+def _check_finite(path, key, x, dtype):
+    """DataError if some value of x (rows, F) is NaN or inf, or becomes inf when the run casts it
+    to its compute dtype."""
+    with np.errstate(over="ignore", invalid="ignore"):       # the overflow is what is looked for
+        not_finite = ~np.isfinite(x.astype(dtype, copy=False))   # (rows, F) bool
+    if not_finite.any():
+        row, col = np.argwhere(not_finite)[0]
+        raise DataError(f"{path}: {key!r} has {int(not_finite.sum())} values that are not finite in {dtype} "
+                        f"(NaN, inf, or beyond {np.finfo(dtype).max:.4g} in magnitude), the first at row "
+                        f"{row}, column {col}: {x[row, col]:g}")
 
 
 MAX_INFERRED_CLASSES = 100_000       # a larger label is far more likely a broken file than intended
+BUILTIN_DATA = ("digits", "synthetic")   # --data names that are not files
 
 
-def load_data(cfg):
+def load_data(cfg, ranks_on_node=1):
     """(dataset or None, error message or None): the data set --data names, checked against
-    --classes and --batch-size."""
+    --classes, --batch-size and --dtype; ranks_on_node: the processes sharing this node's memory."""
     try:
         if cfg.data == "digits":
             data = load_digits()
         elif cfg.data == "synthetic":
             data = make_synthetic(cfg.seed)
         else:
-            data = load_npz(cfg.data)
+            data = load_npz(cfg.data, precision_for(cfg.dtype).compute, ranks_on_node)
     except DataError as e:
         return None, str(e)
     if not cfg.classes and data.num_classes > MAX_INFERRED_CLASSES:

@@ -46,7 +46,7 @@ from ..overlap import OverlapConfig
 from ..precision import Precision, precision_for
 from ..step import count_correct, train_step
 from .batches import MicroBatches
-from .config import ArgumentError, TrainConfig, check_config, device_choice, parse_args
+from .config import ArgumentError, TrainConfig, check_config, device_choice, model_memory_error, parse_args
 from .data import Dataset, load_data
 from .divergence import not_finite_message, stop
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
@@ -88,7 +88,8 @@ def run(cfg, comm, out, preemption):
 def setup(cfg, comm, out):
     """Collective: every input checked (a problem: one line, every rank exits BAD_INPUT), the
     engine built and its starting weights loaded, the run's header printed."""
-    data, error = load_data(cfg)
+    ranks_on_node = comm.ranks_on_this_node()                # collective: they share the node's memory
+    data, error = load_data(cfg, ranks_on_node)
     comm.check_all(error)
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
     precision = precision_for(cfg.dtype)
@@ -97,6 +98,7 @@ def setup(cfg, comm, out):
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
     overlap = OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
     comm.check_all(comm.thread_level_error() if overlap.enabled else None)
+    comm.check_all(None if comm.device.is_gpu else model_memory_error(sizes, cfg, comm.size, ranks_on_node))
     engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, M, overlap)
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)

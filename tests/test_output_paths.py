@@ -1,0 +1,80 @@
+"""An output path that is an input, by any name, is refused before anything is written
+(zerompi/train/config.py's check_config): --save-weights, --metrics, --trace and --save-dir against
+--data, --init-weights, --config and --deepspeed-config."""
+import os
+
+import numpy as np
+import pytest
+
+import zerompi.inputs
+from zerompi.train.config import check_config, model_memory_error, parse_args
+
+
+@pytest.fixture
+def inputs(tmp_path, monkeypatch):
+    """A data file, a weights file, a TOML and a DeepSpeed config in tmp_path, the current folder."""
+    monkeypatch.chdir(tmp_path)
+    np.savez("data.npz", x=np.zeros((4, 2)), y=np.zeros(4, dtype=np.int64))
+    np.savez("w.npz", a=np.zeros(1))
+    (tmp_path / "run.toml").write_text("steps = 3\n")
+    (tmp_path / "ds.json").write_text('{"steps_per_print": 5}')
+    return tmp_path
+
+
+def verdict(*argv):
+    return check_config(parse_args(list(argv)), 1)
+
+
+@pytest.mark.parametrize("output", ["--save-weights", "--metrics", "--trace"])
+def test_an_output_that_is_the_data_file_is_refused(inputs, output):
+    assert verdict("--data", "data.npz", output, "data.npz") == (
+        f"{output} data.npz is --data data.npz: writing it would destroy the input; choose another path")
+
+
+def test_every_input_is_protected(inputs):
+    assert "is --init-weights w.npz" in verdict("--init-weights", "w.npz", "--save-weights", "w.npz")
+    assert "is --config run.toml" in verdict("--config", "run.toml", "--metrics", "run.toml")
+    assert "is --deepspeed-config ds.json" in verdict("--deepspeed-config", "ds.json", "--trace", "ds.json")
+    assert "is --config ds.json" in verdict("--config", "ds.json", "--save-weights", "ds.json")
+
+
+def test_the_same_file_by_another_name_is_refused(inputs):
+    os.symlink("data.npz", "link.npz")
+    os.link("data.npz", "hard.npz")
+    os.mkdir("sub")
+    for name in ("link.npz", "hard.npz", "sub/../data.npz", str(inputs / "data.npz")):
+        assert "writing it would destroy the input" in verdict("--data", "data.npz", "--metrics", name), name
+    assert "writing it would destroy" in verdict("--data", "link.npz", "--save-weights", "hard.npz")
+
+
+def test_a_save_dir_that_is_or_holds_an_input_is_refused(inputs):
+    os.mkdir("ck")
+    np.savez("ck/data.npz", x=np.zeros((4, 2)), y=np.zeros(4, dtype=np.int64))
+    assert verdict("--data", "ck/data.npz", "--save-dir", "ck") == (
+        "--save-dir ck holds --data ck/data.npz: checkpoints are written and rotated there; keep the inputs "
+        "outside it")
+    assert "--save-dir . holds --init-weights w.npz" in verdict("--init-weights", "w.npz", "--save-dir", ".")
+    assert "--save-dir data.npz holds --data data.npz" in verdict("--data", "data.npz", "--save-dir", "data.npz")
+
+
+def test_other_paths_are_fine(inputs):
+    os.mkdir("ck")
+    assert verdict("--data", "data.npz", "--init-weights", "w.npz", "--config", "run.toml", "--save-weights",
+                   "out.npz", "--metrics", "m.jsonl", "--trace", "t.json", "--save-dir", "ck") is None
+    np.savez("digits", a=np.zeros(1))                        # --data digits is the shipped set, not this file
+    assert verdict("--data", "digits", "--save-weights", "digits") is None
+    assert verdict("--data", "missing.npz", "--save-weights", "missing.npz") is None   # the load reports it
+
+
+# ----------------------------------------------------------------------------------------------
+# A model too large for this process's memory is refused before it is built
+# ----------------------------------------------------------------------------------------------
+
+def test_an_impossible_output_width_is_refused_before_building(monkeypatch):
+    monkeypatch.setattr(zerompi.inputs, "available_bytes", lambda ranks_on_node=1: 64 * 10 ** 9 // ranks_on_node)
+    cfg = parse_args(["--classes", "1000000000", "--hidden", "8", "--stage", "3"])
+    message = model_memory_error([64, 8, 10 ** 9], cfg, num_ranks=2, ranks_on_node=2)
+    assert message == ("the parameters, gradients and Adam state per rank of the MLP 64-8-1000000000 "
+                       "(9,000,000,520 parameters, stage 3, float32, 2 ranks) needs 72.0 GB, more than the 32.0 GB "
+                       "this process can still allocate")
+    assert model_memory_error([64, 8, 10], cfg, num_ranks=2, ranks_on_node=2) is None
