@@ -284,10 +284,14 @@ def start_trace(cfg, comm, engine):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py.
-    device, device_error = select_device(device_choice(argv), os.environ)
-    comm = Communicator(device=device)
-    signals = Signals(comm.rank)             # from here a signal ends the run with one line (signals.py)
+    signals = Signals(launcher_rank(os.environ))   # from here a signal ends the run with one line (signals.py)
+    try:
+        # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py.
+        device, device_error = select_device(device_choice(argv), os.environ)
+        comm = Communicator(device=device)
+    except Interrupted as e:                   # reading --config: no MPI yet, each signalled rank says so
+        print(f"zerompi: error: rank {signals.rank}: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(ExitCode.INTERRUPTED)
     try:
         mismatch = launch_mismatch(comm.size, os.environ)
         if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
