@@ -170,12 +170,14 @@ def test_sigusr1_without_save_dir_is_reported_and_training_goes_on(tmp_path):
 # The watchdog: an announced abort always ends the job non-zero
 # ----------------------------------------------------------------------------------------------
 
-def test_a_watchdog_that_announced_an_abort_never_lets_the_job_exit_0(tmp_path):
+@pytest.mark.parametrize("overlap", [[], ["--stage", 1, "--overlap"]], ids=["plain", "overlap"])
+def test_a_watchdog_that_announced_an_abort_never_lets_the_job_exit_0(overlap, tmp_path):
     """--collective-timeout 1e-300: the watchdog fires at the first collective, prints, pauses;
-    the tiny run used to finish in the pause and exit 0 (5 of 5 runs)."""
+    the tiny run used to finish in the pause and exit 0 (5 of 5 runs). With --overlap both
+    watchdogs of rank 0 (one per communicator) used to print."""
     for _ in range(3):
         run = launch(2, *TINY, "--steps", 4, "--collective-timeout", 1e-300, "--save-weights", "w.npz",
-                     cwd=tmp_path)
+                     *overlap, cwd=tmp_path)
         assert run.returncode == 6, run.describe()
         assert len(error_lines(run)) == 1, run.describe()
 

@@ -39,6 +39,7 @@ STAGGER_SECONDS = 1.0            # per rank; see the docstring
 REPORT_PAUSE_SECONDS = 0.5
 MAX_STAGGER_SECONDS = 10.0
 _announced = []                  # the status of an abort announced in this process (report_then_abort)
+_announcing = threading.Lock()
 
 
 def stagger(rank):
@@ -47,8 +48,14 @@ def stagger(rank):
 
 
 def report_then_abort(message, abort, exit_code):
-    """Print the one error line, give the launcher time to forward it, and end every rank."""
-    _announced.append(exit_code)         # before the line: from here this process never exits 0
+    """Print the one error line, give the launcher time to forward it, and end every rank. Once
+    per process: a second caller (--overlap's second watchdog, the main thread) returns at once
+    and leaves the job to the first one's abort."""
+    with _announcing:
+        first = not _announced
+        _announced.append(exit_code)     # before the line: from here this process never exits 0
+    if not first:
+        return
     print(message, file=sys.stderr, flush=True)
     time.sleep(REPORT_PAUSE_SECONDS)
     abort(exit_code)
