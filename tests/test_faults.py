@@ -15,10 +15,12 @@ from test_cli import ERROR_MARK, launch, load_weights, train_ok
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "fault_driver.py")
 TINY = ["--steps", 20, "--hidden", 8, "--batch-size", 12, "--log-every", 0, "--report", "none"]
+SIGNAL_FAST = 30                 # seconds: a signal or a timed-out collective ends a run well within this
 
 
-def with_fault(n, fault, ranks, step, *flags, cwd):
-    return launch(n, fault, ranks, step, *TINY, *flags, cwd=cwd, program=(DRIVER,))
+def with_fault(n, fault, ranks, step, *flags, cwd, timeout=None):
+    return launch(n, fault, ranks, step, *TINY, *flags, cwd=cwd, program=(DRIVER,),
+                  **({} if timeout is None else {"timeout": timeout}))
 
 
 def error_lines(run):
@@ -71,6 +73,18 @@ def test_a_stopped_rank_is_caught_by_the_collective_timeout(stage, tmp_path):
     assert processes_in(tmp_path) == []
 
 
+def test_a_rank_stopped_before_the_trace_is_gathered_is_caught_by_the_collective_timeout(tmp_path):
+    """The trace's gather every 32 steps follows the step: rank 0 used to wait there unwatched."""
+    from zerompi.observe.trace import FLUSH_EVERY_STEPS
+    run = with_fault(2, "stop-after", "1", FLUSH_EVERY_STEPS - 1, "--steps", 40, "--trace", "t.json",
+                     "--collective-timeout", 2, cwd=tmp_path, timeout=SIGNAL_FAST)
+    assert run.returncode == 6, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and "rank 0 waited" in lines[0] and "gather (bookkeeping" in lines[0], run.describe()
+    time.sleep(0.5)                                 # the launcher's clean-up of the stopped rank
+    assert processes_in(tmp_path) == []
+
+
 def test_inf_in_one_ranks_rows_names_the_step_the_layer_and_the_rank(tmp_path):
     run = with_fault(3, "inf-input", "2", 3, "--save-weights", "w.npz", cwd=tmp_path)
     assert run.returncode == 3, run.describe()
@@ -111,14 +125,13 @@ def test_check_collectives_passes_a_full_run_and_changes_no_bit(tmp_path):
 # Signals: start-up, Ctrl-C, a second Ctrl-C, SIGUSR1 without --save-dir
 # ----------------------------------------------------------------------------------------------
 
-SIGNAL_FAST = 30                 # seconds: a signal ends a run well within this
 
 
 @pytest.mark.parametrize("name", ["TERM", "INT", "USR1"])
 def test_a_signal_during_start_up_ends_the_run_at_once(name, tmp_path):
     """Every rank blocked in start-up (here: reading its data) when mpirun forwards the signal: with
     --save-dir set, the run used to defer it to a step that never came, and hung."""
-    run = launch(2, f"startup-signal:{name}:mpirun", "all", 0, *TINY, "--save-dir", "ck", cwd=tmp_path,
+    run = launch(2, f"startup-signal:{name}:mpirun", "0", 0, *TINY, "--save-dir", "ck", cwd=tmp_path,
                  program=(DRIVER,), timeout=SIGNAL_FAST)
     assert run.returncode == 130, run.describe()
     lines = error_lines(run)

@@ -7,14 +7,16 @@ RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on tho
     raise       train_step raises RuntimeError                     (an exception on some ranks)
     kill        the process sends itself SIGKILL, mid-step          (a rank that dies)
     stop        the process sends itself SIGSTOP, mid-step          (a rank that hangs)
+    stop-after  the process sends itself SIGSTOP once the step is done (a rank that hangs between
+                steps: before the collectives that follow a step, e.g. the trace's gather)
     inf-input   the first input value of this rank's rows is +inf   (bad data on one rank)
     nan-grad:L  layer L's weight gradient gets a NaN right after its backward, before any
                 reduction                                           (a bad kernel on one rank)
     signal:SIGS:TO  the signals SIGS (INT, TERM, USR1; INT,INT: two in a row) are sent to TO:
                 self, or mpirun (which forwards each to every rank: what Ctrl-C in a
                 terminal does)                                      (a signal during training)
-    startup-signal:SIG:TO  while loading the data (STEP is not used), SIG is sent to TO, and
-                the rank then waits there for good                  (a start-up blocked on an input)
+    startup-signal:SIG:TO  while loading the data (STEP is not used), the chosen ranks send SIG
+                to TO, and every rank waits there for good          (a start-up blocked on an input)
 
 The training itself is the real one (zerompi.train.run.main, real MPI); the driver only wraps the
 step function, so every detection and report under test is zerompi's own.
@@ -50,11 +52,12 @@ def send_signals(names, to):
 
 
 def load_data_blocked_by_a_signal(cfg):
-    if faulty and fault.startswith("startup-signal:"):
+    if not fault.startswith("startup-signal:"):
+        return real_load_data(cfg)
+    if faulty:
         send_signals(*fault.split(":")[1:])
-        while True:                               # a read that never returns; a signal interrupts it
-            time.sleep(0.05)
-    return real_load_data(cfg)
+    while True:                                   # a read that never returns; a signal interrupts it
+        time.sleep(0.05)
 
 
 def faulty_train_step(engine, micro_batches, *args):
@@ -66,6 +69,10 @@ def faulty_train_step(engine, micro_batches, *args):
         raise RuntimeError(f"injected fault at step {step}")
     if fault in ("kill", "stop"):
         os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    if fault == "stop-after":
+        result = real_train_step(engine, micro_batches, *args)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return result
     if fault.startswith("signal:"):
         send_signals(*fault.split(":")[1:])
         return real_train_step(engine, micro_batches, *args)

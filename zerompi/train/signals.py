@@ -14,7 +14,8 @@
 
 Ending "at once" raises Interrupted in the main thread, whose handler in run.py's main prints the
 one line and aborts the job (MPI_Abort), so that no rank waits for the one that left. Once a
-signal has ended the run, a further one has its default action: it kills the process at once.
+signal has ended the run, further ones are ignored (launchers forward signals to every rank, some
+more than once): the abort follows within seconds, and SIGKILL still ends a process at once.
 
 Under mpirun (MPICH's hydra) Ctrl-C in a terminal reaches mpirun, which forwards one SIGINT to
 every rank (the ranks run in sessions of their own) and, at a second Ctrl-C, kills them itself;
@@ -60,9 +61,9 @@ class Signals:
         return self.flag[0] > 0
 
     def stand_down(self):
-        """The run is ending: from now on a stop signal has its default action (ends the process)."""
+        """The run is ending (its abort is on the way): from now on the stop signals are ignored."""
         for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
+            signal.signal(sig, signal.SIG_IGN)
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
