@@ -241,6 +241,8 @@ def test_progress_live_under_mpirun_draws_on_rank_0_only(tmp_path):
     (["--metrics", "nowhere/m.jsonl"], "cannot save metrics to nowhere/m.jsonl"),
     (["--trace", "nowhere/t.json"], "cannot save the trace to nowhere/t.json"),
     (["--trace", "."], "it is a folder"),
+    (["--trace", "/proc/t.json"], "cannot write the trace to /proc/t.json: No such file or directory"),
+    (["--trace", "/dev/null"], "cannot write the trace to /dev/null: not a regular file"),  # never renamed over
     (["--progress", "fancy"], "argument --progress: invalid choice: 'fancy'"),
 ])
 def test_bad_observability_flags(tmp_path, flags, keyword):
