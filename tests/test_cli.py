@@ -379,7 +379,7 @@ def test_exit_statuses_keep_their_numbers():
     from zerompi.exit_codes import ExitCode
     assert {code.name: int(code) for code in ExitCode} == {
         "OK": 0, "FAILED": 1, "BAD_INPUT": 2, "DIVERGED": 3, "PREEMPTED": 4, "COLLECTIVE_MISMATCH": 5,
-        "COLLECTIVE_TIMEOUT": 6}
+        "COLLECTIVE_TIMEOUT": 6, "INTERRUPTED": 130}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,10 +15,12 @@ from test_cli import ERROR_MARK, launch, load_weights, train_ok
 
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "fault_driver.py")
 TINY = ["--steps", 20, "--hidden", 8, "--batch-size", 12, "--log-every", 0, "--report", "none"]
+SIGNAL_FAST = 30                 # seconds: a signal or a timed-out collective ends a run well within this
 
 
-def with_fault(n, fault, ranks, step, *flags, cwd):
-    return launch(n, fault, ranks, step, *TINY, *flags, cwd=cwd, program=(DRIVER,))
+def with_fault(n, fault, ranks, step, *flags, cwd, timeout=None):
+    return launch(n, fault, ranks, step, *TINY, *flags, cwd=cwd, program=(DRIVER,),
+                  **({} if timeout is None else {"timeout": timeout}))
 
 
 def error_lines(run):
@@ -71,6 +73,18 @@ def test_a_stopped_rank_is_caught_by_the_collective_timeout(stage, tmp_path):
     assert processes_in(tmp_path) == []
 
 
+def test_a_rank_stopped_before_the_trace_is_gathered_is_caught_by_the_collective_timeout(tmp_path):
+    """The trace's gather every 32 steps follows the step: rank 0 used to wait there unwatched."""
+    from zerompi.observe.trace import FLUSH_EVERY_STEPS
+    run = with_fault(2, "stop-after", "1", FLUSH_EVERY_STEPS - 1, "--steps", 40, "--trace", "t.json",
+                     "--collective-timeout", 2, cwd=tmp_path, timeout=SIGNAL_FAST)
+    assert run.returncode == 6, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and "rank 0 waited" in lines[0] and "gather (bookkeeping" in lines[0], run.describe()
+    time.sleep(0.5)                                 # the launcher's clean-up of the stopped rank
+    assert processes_in(tmp_path) == []
+
+
 def test_inf_in_one_ranks_rows_names_the_step_the_layer_and_the_rank(tmp_path):
     run = with_fault(3, "inf-input", "2", 3, "--save-weights", "w.npz", cwd=tmp_path)
     assert run.returncode == 3, run.describe()
@@ -105,3 +119,109 @@ def test_check_collectives_passes_a_full_run_and_changes_no_bit(tmp_path):
                      *(["--check-collectives"] if check else []), cwd=folder)
         plain, checked = (load_weights(tmp_path / f"stage{stage}-{c}" / "w.npz") for c in (False, True))
         assert all(np.array_equal(plain[name], checked[name]) for name in plain), stage
+
+
+# ----------------------------------------------------------------------------------------------
+# Signals: start-up, Ctrl-C, a second Ctrl-C, SIGUSR1 without --save-dir
+# ----------------------------------------------------------------------------------------------
+
+
+
+@pytest.mark.parametrize("name", ["TERM", "INT", "USR1"])
+def test_a_signal_during_start_up_ends_the_run_at_once(name, tmp_path):
+    """Every rank blocked in start-up (here: reading its data) when mpirun forwards the signal: with
+    --save-dir set, the run used to defer it to a step that never came, and hung."""
+    run = launch(2, f"startup-signal:{name}:mpirun", "0", 0, *TINY, "--save-dir", "ck", cwd=tmp_path,
+                 program=(DRIVER,), timeout=SIGNAL_FAST)
+    assert run.returncode == 130, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and f"SIG{name} during start-up" in lines[0], run.describe()
+    assert "Traceback" not in run.output, run.describe()
+    assert not os.path.exists(tmp_path / "ck")
+
+
+def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_4(tmp_path):
+    """Ctrl-C in a terminal: mpirun (hydra) forwards one SIGINT to every rank; like SIGTERM."""
+    run = with_fault(2, "signal:INT:mpirun", "0", 3, "--save-dir", "ck", cwd=tmp_path)
+    assert run.returncode == 4, run.describe()
+    assert "Traceback" not in run.output and error_lines(run) == [], run.describe()
+    done = [line for line in run.output.splitlines() if "signalled: checkpoint written to ck" in line]
+    assert len(done) == 1, run.describe()
+    step = int(done[0].split(":")[0].split()[1])
+    assert 4 <= step < 20 and os.path.isdir(tmp_path / "ck" / f"step_{step:08d}"), run.describe()
+
+
+def test_a_second_ctrl_c_ends_the_run_at_once(tmp_path):
+    run = with_fault(2, "signal:INT,INT:self", "1", 3, "--save-dir", "ck", "--save-weights", "w.npz", cwd=tmp_path)
+    assert run.returncode == 130, run.describe()
+    assert error_lines(run) == ["zerompi: error: rank 1: a second SIGINT: ending the run at once, "
+                                "without a checkpoint"], run.describe()
+    assert "Traceback" not in run.output, run.describe()
+    assert not os.path.exists(tmp_path / "w.npz") and os.listdir(tmp_path / "ck") == []
+
+
+@pytest.mark.parametrize("name", ["INT", "TERM"])
+def test_ctrl_c_or_sigterm_without_save_dir_ends_the_run_with_one_line(name, tmp_path):
+    run = with_fault(2, f"signal:{name}:mpirun", "0", 3, "--save-weights", "w.npz", cwd=tmp_path)
+    assert run.returncode == 130, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and f"SIG{name} and no --save-dir: ending the run" in lines[0], run.describe()
+    assert "Traceback" not in run.output, run.describe()
+    assert not os.path.exists(tmp_path / "w.npz")
+
+
+def test_sigusr1_without_save_dir_is_reported_and_training_goes_on(tmp_path):
+    run = with_fault(2, "signal:USR1:self", "1", 3, "--save-weights", "w.npz", cwd=tmp_path)
+    assert run.returncode == 0, run.describe()
+    said = [line for line in run.output.splitlines() if "SIGUSR1" in line]
+    assert said == ["zerompi: warning: rank 1: SIGUSR1 but no --save-dir: no checkpoint to write; "
+                    "training goes on"], run.describe()
+    assert os.path.exists(tmp_path / "w.npz")
+
+
+# ----------------------------------------------------------------------------------------------
+# The watchdog: an announced abort always ends the job non-zero
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlap", [[], ["--stage", 1, "--overlap"]], ids=["plain", "overlap"])
+def test_a_watchdog_that_announced_an_abort_never_lets_the_job_exit_0(overlap, tmp_path):
+    """--collective-timeout 1e-300: the watchdog fires at the first collective, prints, pauses;
+    the tiny run used to finish in the pause and exit 0 (5 of 5 runs). With --overlap both
+    watchdogs of rank 0 (one per communicator) used to print."""
+    for _ in range(3):
+        run = launch(2, *TINY, "--steps", 4, "--collective-timeout", 1e-300, "--save-weights", "w.npz",
+                     *overlap, cwd=tmp_path)
+        assert run.returncode == 6, run.describe()
+        assert len(error_lines(run)) == 1, run.describe()
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-finite parameters: divergence, in every dtype; no RuntimeWarning from every rank
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, steps, lr", [("fp16", 10, 1e5), ("float32", 1, 1e300), ("bf16", 3, 1e300)])
+def test_an_update_that_makes_the_parameters_non_finite_is_divergence(dtype, steps, lr, tmp_path):
+    """fp16: a non-finite parameter makes every later gradient overflow, and the steps were skipped
+    for overflow, so the run ended with exit 0 and non-finite weights; the last step's update
+    (any dtype) was checked by no later step."""
+    run = launch(2, "--dtype", dtype, "--lr", lr, "--lr-schedule", "constant", "--warmup-steps", 0,
+                 "--steps", steps, "--hidden", "8,8", "--batch-size", 16, "--log-every", 1, "--report", "none",
+                 "--save-weights", "w.npz", "--trace", "t.json", cwd=tmp_path)
+    assert run.returncode == 3, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1, run.describe()
+    assert "the parameters are not finite, first in layer 0 (layers.0.*)" in lines[0], run.describe()
+    assert "lower --lr" in lines[0] and "not saved" in lines[0], run.describe()
+    assert "Warning" not in run.output and "held-out" not in run.output, run.describe()
+    assert os.listdir(tmp_path) == []               # no weights, no trace, no temporary file
+
+
+@pytest.mark.parametrize("flags, keyword", [
+    (["--loss-scale", 1e-300, "--min-loss-scale", 1e-310], "--loss-scale 1e-300 rounds to 0 in float16"),
+    (["--loss-scale", 2, "--min-loss-scale", 4], "--min-loss-scale 4 is above --loss-scale 2"),
+])
+def test_an_fp16_loss_scale_floor_that_cannot_work_is_bad_input(flags, keyword, tmp_path):
+    run = launch(2, *TINY, "--dtype", "fp16", *flags, "--save-weights", "w.npz", cwd=tmp_path)
+    assert run.returncode == 2, run.describe()
+    assert len(error_lines(run)) == 1 and keyword in error_lines(run)[0], run.describe()
+    assert os.listdir(tmp_path) == []

@@ -13,12 +13,18 @@ import io
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
+from contextlib import contextmanager
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from test_cli import ERROR_MARK, files_under, launch, loss_lines, train_ok
+from test_cli import ERROR_MARK, files_under, launch, load_weights, loss_lines, train_ok
+from zerompi.step import StepResult
+from zerompi.train.progress import Progress
 from zerompi.ledger import MEMORY_KINDS
 from zerompi.train.status_line import ERASE_LINE, StatusLine, format_seconds, format_status
 
@@ -235,6 +241,8 @@ def test_progress_live_under_mpirun_draws_on_rank_0_only(tmp_path):
     (["--metrics", "nowhere/m.jsonl"], "cannot save metrics to nowhere/m.jsonl"),
     (["--trace", "nowhere/t.json"], "cannot save the trace to nowhere/t.json"),
     (["--trace", "."], "it is a folder"),
+    (["--trace", "/proc/t.json"], "cannot write the trace to /proc/t.json: No such file or directory"),
+    (["--trace", "/dev/null"], "cannot write the trace to /dev/null: not a regular file"),  # never renamed over
     (["--progress", "fancy"], "argument --progress: invalid choice: 'fancy'"),
 ])
 def test_bad_observability_flags(tmp_path, flags, keyword):
@@ -242,3 +250,78 @@ def test_bad_observability_flags(tmp_path, flags, keyword):
     assert run.returncode == 2, run.describe()
     assert run.stderr.count(ERROR_MARK) == 1 and keyword in run.stderr, run.describe()
     assert files_under(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# Side files: a full disk costs one warning line, never the weights; the trace streams
+# ----------------------------------------------------------------------------------------------
+
+WARNING_MARK = "zerompi: warning:"
+SIDE = ["--hidden", 8, "--batch-size", 16, "--log-every", 0, "--report", "none", "--save-weights", "w.npz"]
+
+
+def warning_lines(run):
+    return [line for line in run.output.splitlines() if WARNING_MARK in line]
+
+
+@contextmanager
+def small_tmpfs(folder, size="64k"):
+    """A file system of `size` bytes mounted on folder (root only), unmounted at the end."""
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_metrics_that_cannot_be_written_cost_one_warning_not_the_run(tmp_path):
+    """/dev/full: opening works, every write fails with ENOSPC, from step 1 on."""
+    run = launch(2, *SIDE, "--steps", 5, "--metrics", "/dev/full", cwd=tmp_path)
+    assert run.returncode == 0 and "Traceback" not in run.output and ERROR_MARK not in run.output, run.describe()
+    assert warning_lines(run) == ["zerompi: warning: cannot write metrics to /dev/full: No space left on device; "
+                                  "training goes on without them"], run.describe()
+    assert all(np.all(np.isfinite(w)) for w in load_weights(tmp_path / "w.npz").values())
+
+
+@pytest.mark.parametrize("side", ["--metrics", "--trace"])
+def test_a_full_disk_under_a_side_file_costs_one_warning_not_the_weights(side, tmp_path):
+    """The disk fills in the middle of the run (64 KiB: a few hundred metrics lines or trace events)."""
+    with small_tmpfs(tmp_path / "full") as full:
+        run = launch(2, *SIDE, "--steps", 300, side, full / "side.json", cwd=tmp_path)
+        assert run.returncode == 0 and "Traceback" not in run.output and ERROR_MARK not in run.output, \
+            run.describe()
+        lines = warning_lines(run)
+        assert len(lines) == 1 and "No space left on device" in lines[0], run.describe()
+        assert "held-out accuracy" in run.output and os.path.exists(tmp_path / "w.npz"), run.describe()
+        left = files_under(full)
+        assert left == (["side.json"] if side == "--metrics" else []), left     # no temporary trace file
+
+
+def test_the_trace_streams_to_disk_with_a_bounded_number_of_events_in_memory(tmp_path):
+    """300 steps of ~20 events per rank: each rank holds only the events since the last flush."""
+    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "trace_driver.py")
+    run = launch(2, *SIDE, "--steps", 300, "--trace", "t.json", cwd=tmp_path, program=(driver,))
+    assert run.returncode == 0, run.describe()
+    with open(tmp_path / "t.json") as f:
+        events = json.load(f)["traceEvents"]
+    for rank in range(2):
+        mine = [e for e in events if e["ph"] == "X" and e["pid"] == rank]
+        assert sum(e["cat"] == "step" for e in mine) == 300
+        held = int(re.search(rf"rank {rank} held at most (\d+) trace events", run.stdout).group(1))
+        assert held <= len(mine) / 4, (held, len(mine))
+    assert files_under(tmp_path) == ["t.json", "w.npz"]           # no part file left
+
+
+def test_a_log_window_in_which_every_step_was_skipped_says_so():
+    printed = []
+    comm = SimpleNamespace(print0=lambda text, file=None: printed.append(text))
+    cfg = SimpleNamespace(steps=10, batch_size=16)
+    progress = Progress(cfg, comm, out=None)
+    for _ in range(2):
+        progress.add(StepResult(loss=float("nan"), correct=0, grad_norm=float("inf"), applied=False))
+    progress.print_line(4, 1e-3, SimpleNamespace(enabled=True, scale=8192.0))
+    assert len(printed) == 1 and "loss 0.0000" not in printed[0] and "train acc" not in printed[0], printed
+    assert printed[0].startswith("step  4/10 | all 2 steps skipped | lr 1.00e-03 | loss scale 8192 | "), printed

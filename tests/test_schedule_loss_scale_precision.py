@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from zerompi.train.loss_scale import LossScaler
+from zerompi.train.loss_scale import LossScaler, loss_scale_error
 from zerompi.precision import DTYPE_NAMES, precision_for
 from zerompi.train.schedule import learning_rate
 
@@ -80,3 +80,22 @@ def test_every_dtype_name_resolves():
         precision_for(name)
     with pytest.raises(KeyError):
         precision_for("int8")
+
+
+@pytest.mark.parametrize("initial, floor, keyword", [
+    (1e-300, 1e-310, "--loss-scale 1e-300 rounds to 0 in float16"),
+    (1.0, 1e-9, "--min-loss-scale 1e-09 rounds to 0 in float16"),
+    (2.0, 4.0, "--min-loss-scale 4 is above --loss-scale 2"),
+])
+def test_a_loss_scale_floor_that_cannot_work_is_refused(initial, floor, keyword):
+    """A scale that rounds to 0 in the float16 gradients leaves nothing to unscale (1 / scale
+    overflows: NaN weights); a floor above the initial scale stops the run at its first overflow."""
+    error = loss_scale_error(True, initial, floor)
+    assert error is not None and keyword in error
+    assert loss_scale_error(False, initial, floor) is None            # bf16, float32: the scale is 1
+
+
+def test_the_default_and_the_smallest_loss_scales_are_accepted():
+    assert loss_scale_error(True, 2.0 ** 16, 1.0) is None
+    smallest = float(np.finfo(np.float16).smallest_subnormal)
+    assert loss_scale_error(True, smallest, smallest) is None

@@ -62,15 +62,22 @@ class ControlMessages:
 
     def gather_bytes_to_root(self, data):
         """Rank 0 receives every rank's `data` (bytes of any length) as a list, in rank order; None
-        elsewhere (the end-of-run trace). One Gather of the lengths, one Gatherv of the bytes."""
+        elsewhere (the trace, streamed during training). One Gather of the lengths, one Gatherv of
+        the bytes (guarded without a buffer: the lengths differ by rank)."""
         send = np.frombuffer(data, dtype=np.uint8)
+        length = np.array([send.size], dtype=np.int64)
         lengths = np.zeros(self.size, dtype=np.int64) if self.rank == 0 else None
-        self.mpi.Gather(np.array([send.size], dtype=np.int64), lengths, root=0)
+        self.guards.begin("gather", BOOKKEEPING, length)
+        self.mpi.Gather(length, lengths, root=0)
+        self.guards.end()
+        self.guards.begin("gatherv", BOOKKEEPING, None)
         if self.rank != 0:
             self.mpi.Gatherv(send, None, root=0)
+            self.guards.end()
             return None
         received = np.empty(int(lengths.sum()), dtype=np.uint8)
         self.mpi.Gatherv(send, (received, lengths), root=0)
+        self.guards.end()
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         return [received[offsets[r]:offsets[r + 1]].tobytes() for r in range(self.size)]
 

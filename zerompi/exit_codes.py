@@ -8,15 +8,21 @@ so a job script can branch on mpirun's status:
                             naming the rank, and MPI_Abort so that no rank is left waiting
     BAD_INPUT            2  bad flags, config file, data, environment or output path: one line
                             `zerompi: error: ...` on stderr, nothing written
-    DIVERGED             3  a non-finite loss or gradient (float32/float64/bf16), or the fp16 loss
-                            scale fell below --min-loss-scale: the last good weights are saved
-                            where --save-weights is set
-    PREEMPTED            4  SIGTERM/SIGUSR1: every rank finished the step and the checkpoint is
-                            in --save-dir; run again with --resume (zerompi/checkpoint/training.py)
+    DIVERGED             3  a non-finite loss or gradient (float32/float64/bf16), non-finite
+                            parameters (any dtype), or the fp16 loss scale fell below
+                            --min-loss-scale: the last good weights are saved where --save-weights
+                            is set (none when the parameters are not finite)
+    PREEMPTED            4  SIGTERM/SIGUSR1/SIGINT during training with --save-dir: every rank
+                            finished the step and the checkpoint is in --save-dir; run again with
+                            --resume (zerompi/train/signals.py)
     COLLECTIVE_MISMATCH  5  --check-collectives: the ranks disagreed on a collective
                             (zerompi/observe/collective_check.py)
     COLLECTIVE_TIMEOUT   6  a collective waited past --collective-timeout: the watchdog ended
                             the job (zerompi/observe/watchdog.py)
+    INTERRUPTED        130  a signal ended the run at once, without a checkpoint: SIGINT, SIGTERM
+                            or SIGUSR1 outside the training loop, SIGINT or SIGTERM in it without
+                            --save-dir, or a second SIGINT (zerompi/train/signals.py); 130 is the
+                            shell's status of a program ended by Ctrl-C
 
 An IntEnum is an int: `raise SystemExit(ExitCode.DIVERGED)` exits with status 3, and
 `MPI_Abort(ExitCode.FAILED)` with 1.
@@ -32,3 +38,4 @@ class ExitCode(IntEnum):
     PREEMPTED = 4
     COLLECTIVE_MISMATCH = 5
     COLLECTIVE_TIMEOUT = 6
+    INTERRUPTED = 130

@@ -7,9 +7,16 @@ RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on tho
     raise       train_step raises RuntimeError                     (an exception on some ranks)
     kill        the process sends itself SIGKILL, mid-step          (a rank that dies)
     stop        the process sends itself SIGSTOP, mid-step          (a rank that hangs)
+    stop-after  the process sends itself SIGSTOP once the step is done (a rank that hangs between
+                steps: before the collectives that follow a step, e.g. the trace's gather)
     inf-input   the first input value of this rank's rows is +inf   (bad data on one rank)
     nan-grad:L  layer L's weight gradient gets a NaN right after its backward, before any
                 reduction                                           (a bad kernel on one rank)
+    signal:SIGS:TO  the signals SIGS (INT, TERM, USR1; INT,INT: two in a row) are sent to TO:
+                self, or mpirun (which forwards each to every rank: what Ctrl-C in a
+                terminal does)                                      (a signal during training)
+    startup-signal:SIG:TO  while loading the data (STEP is not used), the chosen ranks send SIG
+                to TO, and every rank waits there for good          (a start-up blocked on an input)
 
 The training itself is the real one (zerompi.train.run.main, real MPI); the driver only wraps the
 step function, so every detection and report under test is zerompi's own.
@@ -17,6 +24,7 @@ step function, so every detection and report under test is zerompi's own.
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -27,7 +35,29 @@ fault, ranks, fault_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rank = MPI.COMM_WORLD.Get_rank()
 faulty = ranks == "all" or str(rank) in ranks.split(",")
 real_train_step = zerompi.train.run.train_step
+real_load_data = zerompi.train.run.load_data
 steps_done = 0
+
+
+def launcher_pid():
+    """mpirun's process id: the parent of this rank's parent (hydra's proxy, on one node)."""
+    with open(f"/proc/{os.getppid()}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def send_signals(names, to):
+    target = os.getpid() if to == "self" else launcher_pid()
+    for name in names.split(","):
+        os.kill(target, getattr(signal, "SIG" + name))
+
+
+def load_data_blocked_by_a_signal(cfg):
+    if not fault.startswith("startup-signal:"):
+        return real_load_data(cfg)
+    if faulty:
+        send_signals(*fault.split(":")[1:])
+    while True:                                   # a read that never returns; a signal interrupts it
+        time.sleep(0.05)
 
 
 def faulty_train_step(engine, micro_batches, *args):
@@ -39,6 +69,13 @@ def faulty_train_step(engine, micro_batches, *args):
         raise RuntimeError(f"injected fault at step {step}")
     if fault in ("kill", "stop"):
         os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    if fault == "stop-after":
+        result = real_train_step(engine, micro_batches, *args)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return result
+    if fault.startswith("signal:"):
+        send_signals(*fault.split(":")[1:])
+        return real_train_step(engine, micro_batches, *args)
     micro_batches = list(micro_batches)
     if fault == "inf-input":
         micro_batches[0][0][0, 0] = np.inf
@@ -61,4 +98,5 @@ def faulty_train_step(engine, micro_batches, *args):
 
 
 zerompi.train.run.train_step = faulty_train_step
+zerompi.train.run.load_data = load_data_blocked_by_a_signal
 sys.exit(zerompi.train.run.main(sys.argv[4:]))

@@ -10,13 +10,10 @@
              rate schedule, accumulation, clipping, data) may change, and the log says so;
              plain --resume takes the checkpoint find_checkpoint names (zerompi/checkpoint/files.py:
              `latest`, or the newest verified one when `latest` is missing or stale, said in one line)
-    save:    every --save-every steps, at the end, and when preempted, into --save-dir
-    preempt: SIGTERM or SIGUSR1 (what Slurm sends before a time limit) only sets a flag; after
-             each step one all-reduce tells every rank whether any rank got the signal, so all
-             of them finish the same step, write the checkpoint, and exit with ExitCode.PREEMPTED together
+    save:    every --save-every steps, at the end, and when preempted (a signal during the
+             training loop: zerompi/train/signals.py), into --save-dir
 """
 import os
-import signal
 
 import ml_dtypes
 import numpy as np
@@ -141,26 +138,6 @@ def save_training_checkpoint(engine, cfg, step, scaler, lineage):
     error, published = save_checkpoint(engine, cfg.save_dir, state, cfg.keep_last)
     engine.comm.check_all(error)
     lineage["parent"] = published           # rank 0 writes the manifests; the others keep None
-
-
-class Preemption:
-    """SIGTERM / SIGUSR1 -> a flag that every rank agrees on after each step."""
-
-    def __init__(self, enabled):
-        self.requested = False
-        self.flag = np.zeros(1)
-        if enabled:
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
-                signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def agreed(self, comm):
-        """Collective: True on every rank when any rank has been signalled."""
-        self.flag[0] = 1.0 if self.requested else 0.0
-        comm.allreduce_sum(self.flag, "control")
-        return self.flag[0] > 0
 
 
 def check_save_dir(cfg):

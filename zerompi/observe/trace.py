@@ -20,28 +20,45 @@ Clocks: every rank measures time.perf_counter() from its own origin, taken right
 at the start of training, so the ranks' timelines line up to within the barrier's exit skew
 (microseconds on one node; the same holds across nodes, since only differences are used).
 
-Cost: when tracing is off, nothing: no method is wrapped and the ledger has no listener. When on, a span is two perf_counter calls and one list append; the events stay in
-memory (per step: three compute spans per layer, one per collective, one for the loss and the
-step; about 150 bytes each) until the end of training, when rank 0 gathers every rank's
-events (one Gatherv of their JSON text, see Communicator.gather_bytes_to_root) and writes one file
-atomically (zerompi/checkpoint/atomic.py). A run that stops early (diverged, preempted) writes no trace.
+Cost: when tracing is off, nothing: no method is wrapped and the ledger has no listener. When on,
+a span is two perf_counter calls and one list append (about 150 bytes; per step: three compute
+spans per layer, one per collective, one for the loss and the step).
+
+Streaming, in bounded memory: every FLUSH_EVERY_STEPS steps (and at the end) rank 0 gathers the
+events every rank recorded since the last flush (one Gatherv of their JSON text, see
+Communicator.gather_bytes_to_root) and appends them to the trace file, so a rank holds at most
+those steps' events, and rank 0 one such chunk per rank, whatever the number of steps. The file
+is written under a temporary name in the trace's folder (`.t.json.tmp-XXXXXXXX`, like
+zerompi/checkpoint/atomic.py) and renamed onto --trace at the end: a reader sees one complete
+Chrome trace or none. A run that stops early (diverged, preempted, interrupted) removes the
+temporary file and writes no trace; a killed one may leave it.
+
+The trace is a side file: a folder where it cannot be created is bad input (set-up), but a write
+that fails later (a full disk) costs one warning line from rank 0, the temporary file is removed,
+and the run goes on: the weights and checkpoints never depend on it.
 """
 import json
+import os
+import sys
+import tempfile
 import threading
 import time
 
-from ..checkpoint.atomic import atomic_file
+from ..checkpoint.atomic import fsync_folder
+
+FLUSH_EVERY_STEPS = 32           # steps between two gathers of the events to rank 0's file
 
 
 class Tracer:
-    def __init__(self, rank):
-        self.rank = rank
+    def __init__(self, comm, file):
+        self.comm, self.rank = comm, comm.rank
+        self.file = file              # rank 0: the TraceFile being written; None elsewhere
         self.origin = time.perf_counter()
-        self.events = []              # Chrome trace events of this rank, in the order they ended
+        self.events = []              # Chrome trace events of this rank since the last flush
 
-    def start_clock(self, comm):
+    def start_clock(self):
         """Collective: a barrier, then time zero on every rank."""
-        comm.barrier()
+        self.comm.barrier()
         self.origin = time.perf_counter()
 
     def attach(self, engine):
@@ -88,17 +105,107 @@ class Tracer:
                             "args": args})
 
 
-def write_trace(tracer, comm, path):
-    """Collective: rank 0 gathers every rank's events and writes one Chrome trace JSON file."""
-    parts = comm.gather_bytes_to_root(json.dumps(tracer.events).encode())
-    if comm.rank != 0:
-        return
+    def end_step(self, step, start, end):
+        """Collective every FLUSH_EVERY_STEPS steps: the step's span, then maybe a flush."""
+        self.span(f"step {step}", "step", start, end)
+        if step % FLUSH_EVERY_STEPS == 0:
+            self.flush()
+
+    def flush(self):
+        """Collective: rank 0 appends every rank's events since the last flush to the file."""
+        held = len(self.events)           # the --overlap thread may append meanwhile: those stay
+        text = ",".join(json.dumps(event) for event in self.events[:held])
+        del self.events[:held]
+        parts = self.comm.gather_bytes_to_root(text.encode())
+        if self.file is not None:
+            self.file.append(parts)
+
+    def close(self):
+        """Collective, after detach: the last events, then rank 0 puts the file in place."""
+        self.flush()
+        if self.file is not None:
+            self.file.close()
+
+    def discard(self):
+        """A run that ends early: rank 0 removes the temporary file (nothing once it is in place)."""
+        if self.file is not None:
+            self.file.discard()
+
+
+def metadata_events(ranks):
+    """Chrome trace metadata: a process per rank, named and sorted; its two threads named."""
     events = []
-    for rank, part in enumerate(parts):
+    for rank in range(ranks):
         events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
         for tid, thread in ((0, "main"), (1, "communication thread (--overlap)")):
             events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": thread}})
-        events.extend(json.loads(part))
-    with atomic_file(path, "w") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    return events
+
+
+def create_trace_file(path, ranks):
+    """Rank 0 at set-up: (a TraceFile for --trace path, None), or (None, a one-line error)."""
+    if os.path.lexists(path) and not os.path.isfile(path):
+        return None, f"cannot write the trace to {path}: not a regular file"
+    try:
+        return TraceFile(path, ranks), None
+    except OSError as e:
+        return None, f"cannot write the trace to {path}: {e.strerror or e}"
+
+
+class TraceFile:
+    """Rank 0: one Chrome trace JSON document, {"traceEvents": [...], "displayTimeUnit": "ms"},
+    written as the events come, under a temporary name until close. A failed write: one
+    warning line, the temporary file removed, and every later call does nothing."""
+
+    def __init__(self, path, ranks):
+        self.path = path
+        self.folder = os.path.dirname(os.path.abspath(path))
+        handle, self.tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{os.path.basename(path)}.tmp-")
+        self.file = open(handle, "wb")
+        self.write(b'{"traceEvents": [\n' + ",\n".join(map(json.dumps, metadata_events(ranks))).encode())
+
+    def append(self, parts):
+        """Each rank's events (JSON objects separated by commas; b"" when it has none)."""
+        for part in parts:
+            if part:
+                self.write(b",\n" + part)
+
+    def close(self):
+        """End the document, make it durable and rename it onto the trace's path."""
+        self.write(b'\n], "displayTimeUnit": "ms"}\n')
+        if self.file is None:
+            return
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            self.file = None
+            os.replace(self.tmp, self.path)
+            fsync_folder(self.folder)
+        except OSError as e:
+            self.give_up(e)
+
+    def write(self, data):
+        if self.file is None:
+            return
+        try:
+            self.file.write(data)
+        except OSError as e:
+            self.give_up(e)
+
+    def give_up(self, error):
+        print(f"zerompi: warning: cannot write the trace to {self.path}: {error.strerror or error}; the run goes on "
+              f"without it", file=sys.stderr, flush=True)
+        self.discard()
+
+    def discard(self):
+        """Close and remove the temporary file, if any is left."""
+        file, self.file = self.file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass
+        if os.path.exists(self.tmp):
+            os.unlink(self.tmp)

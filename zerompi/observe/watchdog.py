@@ -22,7 +22,13 @@ forwards output asynchronously, and an abort right after a print lost the line o
 machine) and aborts, and the abort ends the others before their turn (measured with mpirun: well
 under 0.5 s). The same stagger keeps a failure that hits every rank at once (zerompi/train/run.py
 main) to one report.
+
+An announced failure always ends the job with its status: should the main thread finish the run
+during the pause (the collective that timed out returned after all), main ends with
+await_announced_abort, which waits for the abort, and exits with the announced status if it does
+not come; it never returns to a normal exit (status 0, and an MPI_Finalize racing the abort).
 """
+import os
 import sys
 import threading
 import time
@@ -32,6 +38,8 @@ from ..exit_codes import ExitCode
 STAGGER_SECONDS = 1.0            # per rank; see the docstring
 REPORT_PAUSE_SECONDS = 0.5
 MAX_STAGGER_SECONDS = 10.0
+_announced = []                  # the status of an abort announced in this process (report_then_abort)
+_announcing = threading.Lock()
 
 
 def stagger(rank):
@@ -40,10 +48,26 @@ def stagger(rank):
 
 
 def report_then_abort(message, abort, exit_code):
-    """Print the one error line, give the launcher time to forward it, and end every rank."""
+    """Print the one error line, give the launcher time to forward it, and end every rank. Once
+    per process: a second caller (--overlap's second watchdog, the main thread) returns at once
+    and leaves the job to the first one's abort."""
+    with _announcing:
+        first = not _announced
+        _announced.append(exit_code)     # before the line: from here this process never exits 0
+    if not first:
+        return
     print(message, file=sys.stderr, flush=True)
     time.sleep(REPORT_PAUSE_SECONDS)
     abort(exit_code)
+
+
+def await_announced_abort():
+    """The main thread, as main ends by any path: if a failure was announced (by a watchdog
+    thread, now in its pause), wait for its abort; should it not come, exit with its status."""
+    if _announced:
+        time.sleep(4 * REPORT_PAUSE_SECONDS)
+        sys.stdout.flush()
+        os._exit(_announced[0])          # no MPI_Finalize: the abort may be under way
 
 
 class CollectiveWatchdog:

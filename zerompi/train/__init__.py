@@ -8,4 +8,5 @@
     divergence.py    the stop on a diverged run       launch.py       launcher and thread checks
     progress.py      the progress line                status_line.py  the live progress line
     metrics.py       per-step JSON lines              report.py       the end-of-run ledger report
+    signals.py       SIGINT, SIGTERM, SIGUSR1: a checkpoint and exit, or the end of the run
 """

@@ -4,6 +4,13 @@ good weights saved where --save-weights is set, and every rank exits DIVERGED (z
 Outside fp16 a step whose loss or gradient is not finite is not applied (zerompi/step.py), and the
 run stops at once; in fp16 such a step lowers the loss scale instead (zerompi/train/loss_scale.py),
 and the run stops when the scale falls below --min-loss-scale.
+
+Non-finite parameters: an update can take them past the storage dtype's range (float16 ends at
+65504; an --lr of 1e300 overflows any dtype). The next step's loss and gradient are then not
+finite (in fp16: "skipped"), so a step not applied is the moment to look: first_non_finite_layer
+checks the parameters (each rank what it owns, one small all-reduce per layer) only then, before
+each checkpoint and after the last step, never on the hot path of a good step. Non-finite
+parameters are divergence in every dtype, and no weights are saved: there are no good ones left.
 """
 import math
 
@@ -27,13 +34,37 @@ def not_finite_message(step, result, comm):
     return f"step {step}: {grad}; {loss}: lower --lr or try --clip-norm"
 
 
-def stop(engine, cfg, message, status=None):
+def first_non_finite_layer(engine):
+    """Collective: the index of the first layer with a parameter that is not finite on any rank,
+    or None. Each rank checks what it owns (together: every element); one all-reduce per layer."""
+    stage, xp = engine.stage, engine.mlp.device.xp
+    stage.finish_communication()
+    for layer in engine.layout.layers:
+        finite = bool(xp.isfinite(stage.owned(layer).param).all())
+        if engine.comm.any_failed(None if finite else "not finite"):
+            return layer.index
+    return None
+
+
+def stop_if_parameters_not_finite(engine, cfg, step, status=None):
+    """Collective: stop the run (DIVERGED, nothing saved) if the parameters are not finite."""
+    layer = first_non_finite_layer(engine)
+    if layer is not None:
+        note = " (float16 ends at 65504)" if engine.stage.precision.name == "float16" else ""
+        stop(engine, cfg, f"step {step}: the parameters are not finite, first in layer {layer} (layers.{layer}.*), "
+                          f"after an update{note}: lower --lr", status, weights_finite=False)
+
+
+def stop(engine, cfg, message, status=None, weights_finite=True):
     """Collective, every rank with the same message: save the last good weights (the failed step
     changed nothing) where a save path is set, print the error once, exit with ExitCode.DIVERGED.
-    The live progress line (rank 0, status) is erased first, so that the error is not drawn over it."""
+    weights_finite False: the weights are not finite, so none are saved. The live progress line
+    (rank 0, status) is erased first, so that the error is not drawn over it."""
     if status is not None:
         status.close()
-    if cfg.save_weights:
+    if cfg.save_weights and not weights_finite:
+        message += f"; --save-weights {cfg.save_weights} not saved: the weights are not finite"
+    elif cfg.save_weights:
         saved = save_weights(engine, cfg.save_weights)
         message += "; " + (saved or f"the last good weights are in {cfg.save_weights}")
     engine.comm.check_all(message, exit_code=ExitCode.DIVERGED)

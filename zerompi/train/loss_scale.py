@@ -12,7 +12,12 @@ backward, and Adam divides S back out (zerompi/adam.py's grad_multiplier).
 All ranks decide from the same all-reduced gradient norm (zerompi/step.py), so they agree
 without any further communication. bf16 has float32's exponent range and needs none of this:
 its scale stays 1, as in float32 and float64.
+
+A scale must be a float16 number above 0 (at least its smallest, 2^-24 ~ 6e-8): one that rounds
+to 0 there leaves nothing to unscale (1 / S overflows, and Adam writes NaN). loss_scale_error
+refuses such a --loss-scale or --min-loss-scale, and a floor above the initial scale.
 """
+import numpy as np
 
 
 class LossScaler:
@@ -41,3 +46,18 @@ class LossScaler:
     @property
     def collapsed(self):
         return self.enabled and self.scale < self.min_scale
+
+
+def loss_scale_error(enabled, initial_scale, min_scale):
+    """One line if fp16's dynamic loss scale cannot work from these flags, else None (and None
+    when it is not enabled: outside fp16 the scale is 1)."""
+    if not enabled:
+        return None
+    for flag, value in (("--loss-scale", initial_scale), ("--min-loss-scale", min_scale)):
+        if np.float16(min(value, 1.0)) == 0:           # min: a large scale is no concern here
+            return (f"{flag} {value:g} rounds to 0 in float16, whose smallest positive number is "
+                    f"{float(np.finfo(np.float16).smallest_subnormal):.3g}: pass a larger one")
+    if min_scale > initial_scale:
+        return (f"--min-loss-scale {min_scale:g} is above --loss-scale {initial_scale:g}: the run would stop "
+                f"at its first overflow")
+    return None

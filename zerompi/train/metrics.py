@@ -30,22 +30,31 @@ Crash safety: each line is built whole and handed to the kernel in one os.write 
 with O_APPEND, so a crash loses at most the step in progress and never leaves half a line. A fresh
 run truncates the file; a resumed run (--resume) appends, so steps the interrupted run logged after
 its last checkpoint appear twice: the later line is the resumed run's.
+
+The metrics are a side file: a file that cannot be opened is bad input (setup, before any step),
+but a write that fails later (a full disk) costs one warning line from rank 0, and training goes
+on without them; the weights and checkpoints never wait on them.
 """
 import json
 import math
 import os
+import sys
 
 import numpy as np
 
 
 class MetricsLog:
     def __init__(self, path, comm, memory, memory_every, last_step, append=False):
-        self.comm, self.memory = comm, memory
+        self.path, self.comm, self.memory = path, comm, memory
         self.memory_every, self.last_step = memory_every, last_step
         self.handle = None
+        self.open_error = None           # one line if rank 0 cannot open the file (setup: bad input)
         if comm.rank == 0:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
-            self.handle = os.open(path, flags, 0o644)
+            try:
+                self.handle = os.open(path, flags, 0o644)
+            except OSError as e:
+                self.open_error = f"cannot write metrics to {path}: {e.strerror or e}"
         self.comm_before = None
 
     def start_step(self):
@@ -63,7 +72,10 @@ class MetricsLog:
                 "comm": comm_delta(self.comm_before, comm_after)}
         if memory is not None:
             line["memory"] = memory
-        write_line(self.handle, json.dumps(line, allow_nan=False) + "\n")
+        try:
+            write_line(self.handle, json.dumps(line, allow_nan=False) + "\n")
+        except OSError as e:
+            self.give_up(e)
 
     def memory_due(self, step):
         return step == 1 or step == self.last_step or (self.memory_every and step % self.memory_every == 0)
@@ -79,9 +91,20 @@ class MetricsLog:
                 "peak_rss_bytes": everyone[:, 1].astype(int).tolist()}
 
     def close(self):
-        if self.handle is not None:
-            os.close(self.handle)
-            self.handle = None
+        """Rank 0: close the file (a network file system may report a failed write only here)."""
+        self.give_up(None)
+
+    def give_up(self, error):
+        """Rank 0: close the file; after a failed write (error), one warning line, and no more lines."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            try:
+                os.close(handle)
+            except OSError as e:
+                error = error or e
+        if error is not None:
+            print(f"zerompi: warning: cannot write metrics to {self.path}: {error.strerror or error}; training "
+                  f"goes on without them", file=sys.stderr, flush=True)
 
 
 def comm_by_purpose(ledger):

@@ -1,26 +1,36 @@
 """`mpirun -n N python -m zerompi.train`: train the MLP with ZeRO and report what it cost.
 
     main        parse and check the arguments (every rank; an error is printed once and every rank
-                exits BAD_INPUT), start MPI on the chosen device, guard the collectives
+                exits BAD_INPUT), start MPI on the chosen device, guard the collectives, handle
+                the stop signals (zerompi/train/signals.py)
     setup       load the data, build the engine, load the initial or resumed weights, check the
                 output paths; this rank's batch buffers (zerompi/train/batches.py), the loss
                 scaler, the progress and metrics lines, the trace; print the run's header
     train_loop  each step: this rank's rows of each micro-batch -> train_step (zerompi/step.py) at
                 the step's learning rate (zerompi/train/schedule.py) and loss scale
-                (zerompi/train/loss_scale.py); then divergence, progress, checkpoints, preemption
-    finish      held-out accuracy, consolidated weights, and the ledger report (zerompi/train/report.py)
+                (zerompi/train/loss_scale.py); then divergence, progress, checkpoints, signals
+    finish      held-out accuracy, consolidated weights, then the side files (metrics, trace) and
+                the ledger report (zerompi/train/report.py)
 
 Step s's global batch of G rows is cut into M micro-batches (--grad-accum) of G/M rows, and each
 rank takes its b = G / (M N) rows of each (zerompi/train/batches.py): the run computes what one
 process would compute on the whole batch, for every stage, N and M.
 
+Weights and checkpoints come first: --metrics and --trace are side files, and a write of theirs
+that fails during the run costs one warning line (zerompi/train/metrics.py,
+zerompi/observe/trace.py), never the run. Inside the loop an inf or NaN gets one verdict
+(zerompi/train/divergence.py), not a RuntimeWarning from every rank.
+
 Exit status (zerompi/exit_codes.py): OK 0 done; BAD_INPUT 2 (one line on stderr); DIVERGED 3 a
-non-finite loss or gradient in float32/float64/bf16, or the fp16 loss scale collapsed: the last good
-weights are saved where --save-weights is set; PREEMPTED 4 (SIGTERM/SIGUSR1): a checkpoint was
-written to --save-dir, continue with --resume; COLLECTIVE_MISMATCH 5 the ranks disagreed on a
-collective (--check-collectives); COLLECTIVE_TIMEOUT 6 a collective waited past
---collective-timeout (zerompi/observe/watchdog.py); FAILED 1 an unexpected failure (traceback, one
-line naming the rank, MPI_Abort).
+non-finite loss or gradient in float32/float64/bf16, non-finite parameters in any dtype, or the
+fp16 loss scale collapsed: the last good weights are saved where --save-weights is set (none when
+the parameters are not finite); PREEMPTED 4 (SIGTERM/SIGUSR1/SIGINT during training with
+--save-dir): a checkpoint was written to --save-dir, continue with --resume; INTERRUPTED 130 a
+signal ended the run at once, without a checkpoint (start-up, finish, no --save-dir, a second
+Ctrl-C); COLLECTIVE_MISMATCH 5 the ranks disagreed on a collective (--check-collectives);
+COLLECTIVE_TIMEOUT 6 a collective waited past --collective-timeout (zerompi/observe/watchdog.py;
+once announced, the job never exits 0); FAILED 1 an unexpected failure (traceback, one line
+naming the rank, MPI_Abort).
 """
 import os
 import sys
@@ -32,7 +42,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..adam import AdamConfig
-from ..checkpoint.training import Preemption, check_save_dir, save_training_checkpoint, start_from
+from ..checkpoint.training import check_save_dir, save_training_checkpoint, start_from
 from ..checkpoint.weights import check_writable, save_weights
 from ..comm import Communicator
 from ..devices.choice import check_device, select_device
@@ -40,21 +50,22 @@ from ..devices.nccl import NcclCommunicator
 from ..engine import build_engine
 from ..exit_codes import ExitCode
 from ..ledger import GRADS, METRICS, PARAMS
-from ..observe.trace import Tracer, write_trace
-from ..observe.watchdog import report_then_abort, stagger
+from ..observe.trace import Tracer, create_trace_file
+from ..observe.watchdog import await_announced_abort, report_then_abort, stagger
 from ..overlap import OverlapConfig
 from ..precision import Precision, precision_for
 from ..step import count_correct, train_step
 from .batches import MicroBatches
 from .config import ArgumentError, TrainConfig, check_config, device_choice, model_memory_error, parse_args
 from .data import Dataset, load_data
-from .divergence import not_finite_message, stop
+from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
-from .loss_scale import LossScaler
+from .loss_scale import LossScaler, loss_scale_error
 from .metrics import MetricsLog
 from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
+from .signals import Interrupted, Signals
 from .status_line import StatusLine
 
 
@@ -78,11 +89,17 @@ class RunState:
     tracer: Tracer | None
 
 
-def run(cfg, comm, out, preemption):
+def run(cfg, comm, out, signals):
     """Collective: the whole run, on every rank."""
     state = setup(cfg, comm, out)
-    train_seconds = train_loop(state, preemption)
-    finish(state, train_seconds)
+    try:
+        # an inf or NaN gets one verdict (divergence.py), not a RuntimeWarning from every rank
+        with np.errstate(over="ignore", invalid="ignore"):
+            train_seconds = train_loop(state, signals)
+        finish(state, train_seconds)
+    finally:
+        if state.tracer is not None:
+            state.tracer.discard()           # a run that ends early writes no trace (once written: nothing)
 
 
 def setup(cfg, comm, out):
@@ -115,6 +132,7 @@ def setup(cfg, comm, out):
     progress = Progress(cfg, comm, out)
     metrics = (MetricsLog(cfg.metrics, comm, engine.memory, cfg.log_every, cfg.steps, append=bool(cfg.resume))
                if cfg.metrics else None)
+    comm.check_all(metrics and metrics.open_error)
     tracer = start_trace(cfg, comm, engine)
     state = RunState(cfg=cfg, comm=comm, out=out, data=data, precision=precision, engine=engine, rows=rows,
                      scaler=scaler, first_step=first_step, lineage=lineage, batches=batches, status=status,
@@ -137,10 +155,12 @@ def print_header(state, sizes, note):
         comm.print0(note, file=out)
 
 
-def train_loop(state, preemption):
+def train_loop(state, signals):
     """Collective: steps first_step .. --steps; returns the seconds they took. Ends the job on
-    divergence (DIVERGED) or when a rank was signalled (PREEMPTED, after a checkpoint)."""
+    divergence (DIVERGED) or when a rank was signalled (PREEMPTED, after a checkpoint; without
+    --save-dir INTERRUPTED, zerompi/train/signals.py)."""
     cfg, engine, metrics, tracer = state.cfg, state.engine, state.metrics, state.tracer
+    signals.enter_loop(cfg.save_dir)
     start = time.perf_counter()
     for step in range(state.first_step, cfg.steps):
         step_start = time.perf_counter()
@@ -152,20 +172,25 @@ def train_loop(state, preemption):
         result = train_step(engine, micro_batches, cfg.batch_size, lr, loss_scale, cfg.clip_norm)
         step_end = time.perf_counter()
         if tracer is not None:
-            tracer.span(f"step {step + 1}", "step", step_start, step_end)
+            tracer.end_step(step + 1, step_start, step_end)
         if metrics is not None:
             metrics.end_step(step + 1, result, lr, loss_scale, cfg.batch_size, step_end - step_start)
         scale_or_stop(state, step + 1, result)
         log_progress(state, step + 1, result, lr)
-        checkpoint(state, step + 1, preemption)
+        checkpoint(state, step + 1, signals)
     engine.stage.finish_communication()                      # the last step's all-gathers
+    stop_if_parameters_not_finite(engine, cfg, cfg.steps, state.status)   # the last update: no step checked it
+    signals.leave_loop()
     return time.perf_counter() - start
 
 
 def scale_or_stop(state, done, result):
     """The fp16 loss scale's update (printed when it changes), and the stop on divergence: a step
-    not applied outside fp16 (not finite), or an fp16 loss scale below --min-loss-scale."""
+    not applied because the parameters are not finite (any dtype), or outside fp16 (not finite),
+    or an fp16 loss scale below --min-loss-scale."""
     cfg, scaler = state.cfg, state.scaler
+    if not result.applied:                                   # every rank alike: the check is collective
+        stop_if_parameters_not_finite(state.engine, cfg, done, state.status)
     event = scaler.update(result.applied)
     if event:
         state.comm.print0(f"step {done}: {event}", file=state.out)
@@ -187,12 +212,14 @@ def log_progress(state, done, result, lr):
         state.status.update(done, result.loss)
 
 
-def checkpoint(state, done, preemption):
+def checkpoint(state, done, signals):
     """Collective, with --save-dir: a checkpoint every --save-every steps, at the end, and after
-    a signal on any rank, when every rank then exits PREEMPTED (at the last step the run just ends)."""
+    a signal on any rank, when every rank then exits PREEMPTED (at the last step the run just ends).
+    Never of non-finite parameters: that is divergence."""
     cfg, comm = state.cfg, state.comm
-    preempted = cfg.save_dir and preemption.agreed(comm) and done < cfg.steps
+    preempted = cfg.save_dir and signals.agreed(comm) and done < cfg.steps
     if cfg.save_dir and (preempted or done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
+        stop_if_parameters_not_finite(state.engine, cfg, done, state.status)
         save_training_checkpoint(state.engine, cfg, done, state.scaler, state.lineage)
     if preempted:
         comm.print0(f"step {done}: signalled: checkpoint written to {cfg.save_dir}; exiting with status "
@@ -201,15 +228,15 @@ def checkpoint(state, done, preemption):
 
 
 def finish(state, train_seconds):
-    """Collective: close the progress line, metrics and trace; then held-out accuracy, the
-    consolidated weights and the ledger report of the training steps' memory and traffic."""
+    """Collective: close the progress line; held-out accuracy, the consolidated weights; then
+    the side files (metrics, trace: a failure there costs a warning, never the weights) and the
+    ledger report of the training steps' memory and traffic."""
     cfg, comm, engine, data, out = state.cfg, state.comm, state.engine, state.data, state.out
     steps_run = cfg.steps - state.first_step
     if state.status is not None:
         state.status.close()
-    if state.metrics is not None:
-        state.metrics.close()
-    end_trace(cfg, comm, engine, state.tracer)
+    if state.tracer is not None:
+        state.tracer.detach(engine)                          # the spans of the training steps only
     train_comm = {p: comm.ledger.totals({p}) for p in (GRADS, PARAMS)}
 
     if data.x_test is not None:
@@ -219,6 +246,10 @@ def finish(state, train_seconds):
     if cfg.save_weights:
         comm.check_all(save_weights(engine, cfg.save_weights))
         comm.print0(f"saved weights to {cfg.save_weights}", file=out)
+    if state.metrics is not None:
+        state.metrics.close()
+    if state.tracer is not None:
+        state.tracer.close()
     report = build_report(engine, train_comm, steps_run, cfg.stage, cfg.grad_accum)
     if comm.rank == 0 and cfg.report == "table":
         print("\n" + format_table(report), flush=True)
@@ -241,28 +272,28 @@ def held_out_accuracy(engine, data, dtype, rows_per_rank):
 
 
 def start_trace(cfg, comm, engine):
-    """--trace: this rank's Tracer attached to the engine (zerompi/observe/trace.py), its clock
-    aligned with the other ranks'; None without --trace."""
+    """Collective with --trace: this rank's Tracer attached to the engine, rank 0's trace file
+    started (zerompi/observe/trace.py), the clocks aligned; None without --trace."""
     if not cfg.trace:
         return None
-    tracer = Tracer(comm.rank)
+    file, error = create_trace_file(cfg.trace, comm.size) if comm.rank == 0 else (None, None)
+    comm.check_all(error)
+    tracer = Tracer(comm, file)
     tracer.attach(engine)
-    tracer.start_clock(comm)
+    tracer.start_clock()
     return tracer
-
-
-def end_trace(cfg, comm, engine, tracer):
-    """Collective with --trace: detach the tracer, and rank 0 writes every rank's spans."""
-    if tracer is not None:
-        tracer.detach(engine)
-        write_trace(tracer, comm, cfg.trace)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py.
-    device, device_error = select_device(device_choice(argv), os.environ)
-    comm = Communicator(device=device)
+    signals = Signals(launcher_rank(os.environ))   # from here a signal ends the run with one line (signals.py)
+    try:
+        # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py.
+        device, device_error = select_device(device_choice(argv), os.environ)
+        comm = Communicator(device=device)
+    except Interrupted as e:                   # reading --config: no MPI yet, each signalled rank says so
+        print(f"zerompi: error: rank {signals.rank}: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(ExitCode.INTERRUPTED)
     try:
         mismatch = launch_mismatch(comm.size, os.environ)
         if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
@@ -275,26 +306,32 @@ def main(argv=None):
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
         comm.check_all(check_config(cfg, comm.size))
+        comm.check_all(loss_scale_error(precision_for(cfg.dtype).storage == np.float16, cfg.loss_scale,
+                                        cfg.min_loss_scale))
         ranks_on_node = comm.ranks_on_this_node()            # collective: every rank, before any verdict
         comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm, ranks_on_node))
         if cfg.comm == "nccl":
             comm = NcclCommunicator(comm.mpi, device)      # the same ranks, training traffic on NCCL
         comm.check_all(threads_variable_error(os.environ))
         comm.guard(cfg.check_collectives, cfg.collective_timeout)
-        # from here a SIGTERM/SIGUSR1 only sets a flag; the loop checkpoints at the next step's end
-        preemption = Preemption(enabled=bool(cfg.save_dir))
         # progress goes to stderr when stdout must hold nothing but the JSON report
         out = sys.stderr if cfg.report == "json" else sys.stdout
         threads = blas_threads(ranks_on_node, os.environ, len(os.sched_getaffinity(0)))
         with threadpool_limits(limits=threads):
-            run(cfg, comm, out, preemption)
+            run(cfg, comm, out, signals)
     except SystemExit:
         raise
+    except Interrupted as e:                   # a signal that ends the run at once (signals.py)
+        time.sleep(stagger(comm.rank))         # every rank signalled at once: the lowest one reports
+        report_then_abort(f"zerompi: error: rank {comm.rank}: {e}", comm.mpi.Abort, ExitCode.INTERRUPTED)
     except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
+        signals.stand_down()
         time.sleep(stagger(comm.rank))         # several ranks failing at once: the lowest one reports
         traceback.print_exc()
         report_then_abort(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", comm.mpi.Abort,
                           ExitCode.FAILED)
+    finally:
+        await_announced_abort()                # a watchdog announced an abort: never exit 0 (watchdog.py)
     return ExitCode.OK
 
 

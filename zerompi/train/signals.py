@@ -1,0 +1,84 @@
+"""SIGINT (Ctrl-C), SIGTERM and SIGUSR1: what each does in each phase of a run.
+
+    start-up and finish          any of them ends the run at once: the signalled rank prints one
+    (outside the training loop)  line and every rank exits INTERRUPTED (a start-up blocked on an
+                                 input, a slow finish: nothing is waited for)
+    the training loop,           deferred: the handler only sets a flag; after each step one
+    with --save-dir              all-reduce tells every rank whether any rank got a signal, so
+                                 all of them finish the same step, write the checkpoint and exit
+                                 PREEMPTED together (zerompi/train/run.py, checkpoint). A second
+                                 SIGINT (Ctrl-C again) ends the run at once: INTERRUPTED
+    the training loop,           SIGINT, SIGTERM: end the run at once (INTERRUPTED): there is no
+    without --save-dir           checkpoint to write. SIGUSR1, Slurm's warning before a time
+                                 limit: one line from the signalled rank, and training goes on
+
+Ending "at once" raises Interrupted in the main thread, whose handler in run.py's main prints the
+one line and aborts the job (MPI_Abort), so that no rank waits for the one that left. Once a
+signal has ended the run, further ones are ignored (launchers forward signals to every rank, some
+more than once): the abort follows within seconds, and SIGKILL still ends a process at once.
+
+Under mpirun (MPICH's hydra) Ctrl-C in a terminal reaches mpirun, which forwards one SIGINT to
+every rank (the ranks run in sessions of their own) and, at a second Ctrl-C, kills them itself;
+SIGTERM and SIGUSR1 sent to mpirun are forwarded the same way. Slurm signals every task itself.
+"""
+import os
+import signal
+import sys
+
+import numpy as np
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+class Interrupted(BaseException):
+    """A signal ended the run; str: what happened, for the one line. A BaseException, like
+    KeyboardInterrupt, so that no `except Exception` on the way swallows it."""
+
+
+class Signals:
+    """The handler of the stop signals of one rank, and the flag the ranks agree on after each step."""
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.phase = "during start-up"   # or "in the training loop", "after training"
+        self.save_dir = False            # in the loop: a checkpoint can be written
+        self.requested = False           # in the loop with --save-dir: a signal is waiting for the step's end
+        self.flag = np.zeros(1)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def enter_loop(self, save_dir):
+        """The training loop starts: with --save-dir a signal now waits for the step's end."""
+        self.phase, self.save_dir = "in the training loop", bool(save_dir)
+
+    def leave_loop(self):
+        self.phase, self.save_dir = "after training", False
+
+    def agreed(self, comm):
+        """Collective: True on every rank when any rank has been signalled."""
+        self.flag[0] = 1.0 if self.requested else 0.0
+        comm.allreduce_sum(self.flag, "control")
+        return self.flag[0] > 0
+
+    def stand_down(self):
+        """The run is ending (its abort is on the way): from now on the stop signals are ignored."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.phase != "in the training loop":
+            self._end(f"{name} {self.phase}: ending the run")
+        elif not self.save_dir and signum == signal.SIGUSR1:
+            os.write(sys.stderr.fileno(), f"zerompi: warning: rank {self.rank}: SIGUSR1 but no --save-dir: "
+                                          f"no checkpoint to write; training goes on\n".encode())
+        elif not self.save_dir:
+            self._end(f"{name} and no --save-dir: ending the run without a checkpoint")
+        elif self.requested and signum == signal.SIGINT:
+            self._end("a second SIGINT: ending the run at once, without a checkpoint")
+        else:
+            self.requested = True
+
+    def _end(self, what):
+        self.stand_down()
+        raise Interrupted(what)
