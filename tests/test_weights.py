@@ -2,6 +2,7 @@
 import io
 import os
 import signal
+import stat
 import zipfile
 
 import numpy as np
@@ -127,6 +128,18 @@ def test_save_onto_a_folder_fails_cleanly(tmp_path):
     assert isinstance(error, str) and str(target) in error
     assert os.listdir(tmp_path) == ["w.npz"] and target.is_dir() and os.listdir(target) == []
     assert "folder" in check_writable(str(target))
+
+
+def test_save_onto_a_fifo_or_device_is_refused_and_never_renamed_over(tmp_path):
+    """An existing output that is not a regular file (a FIFO here; /dev/null as root) is refused
+    before training and is never replaced by the rename that completes an atomic write."""
+    engine, _ = make_engine(0, np.float64)
+    target = tmp_path / "w.npz"
+    os.mkfifo(target)
+    assert "not a regular file" in check_writable(str(target))
+    error = save_weights(engine, str(target))
+    assert isinstance(error, str) and "not a regular file" in error and str(target) in error
+    assert stat.S_ISFIFO(os.lstat(target).st_mode) and os.listdir(tmp_path) == ["w.npz"]
 
 
 def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):

@@ -7,7 +7,10 @@
 
 POSIX rename within one folder is atomic, so a reader (or a crash at any moment) sees the old file
 or the complete new one, never a half-written one. Every file zerompi writes goes through here.
+An existing path that is not a regular file (a FIFO, a device such as /dev/null, a folder) is
+refused before anything is written: the rename would replace the node itself.
 """
+import errno
 import os
 import tempfile
 from contextlib import contextmanager
@@ -24,6 +27,8 @@ def fsync_folder(folder):
 
 @contextmanager
 def atomic_file(path, mode="wb"):
+    if os.path.lexists(path) and not os.path.isfile(path):           # a FIFO, a device, a folder
+        raise OSError(errno.EEXIST, "it exists and is not a regular file", path)
     folder = os.path.dirname(os.path.abspath(path))
     handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.tmp-")  # O_EXCL: no planted link
     try:

@@ -45,6 +45,8 @@ def check_writable(path, what="weights"):
         return f"cannot save {what} to {path}: folder {folder} is not writable"
     if os.path.isdir(path):
         return f"cannot save {what} to {path}: it is a folder"
+    if os.path.lexists(path) and not os.path.isfile(path):           # a FIFO, a device, a dangling link
+        return f"cannot save {what} to {path}: it exists and is not a regular file"
     return None
 
 

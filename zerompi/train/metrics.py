@@ -51,8 +51,9 @@ class MetricsLog:
         self.open_error = None           # one line if rank 0 cannot open the file (setup: bad input)
         if comm.rank == 0:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
-            try:
-                self.handle = os.open(path, flags, 0o644)
+            try:                         # O_NONBLOCK: a FIFO without a reader fails at once, never waits
+                self.handle = os.open(path, flags | os.O_NONBLOCK, 0o644)
+                os.set_blocking(self.handle, True)
             except OSError as e:
                 self.open_error = f"cannot write metrics to {path}: {e.strerror or e}"
         self.comm_before = None
