@@ -216,6 +216,19 @@ def test_an_update_that_makes_the_parameters_non_finite_is_divergence(dtype, ste
     assert os.listdir(tmp_path) == []               # no weights, no trace, no temporary file
 
 
+def test_finite_weights_whose_held_out_predictions_overflow_give_no_accuracy(tmp_path):
+    """float64, one step of lr 1e300: the weights stay finite (about 1e300) but the held-out forward
+    overflows; an accuracy counted from NaN predictions was printed with exit 0."""
+    run = launch(2, "--dtype", "float64", "--lr", 1e300, "--lr-schedule", "constant", "--warmup-steps", 0,
+                 "--steps", 1, "--hidden", "8,8", "--batch-size", 16, "--log-every", 1, "--report", "none",
+                 "--save-weights", "w.npz", cwd=tmp_path)
+    assert run.returncode == 3, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and "held-out predictions are not finite" in lines[0], run.describe()
+    assert "Warning" not in run.output and "held-out accuracy" not in run.output, run.describe()
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("flags, keyword", [
     (["--loss-scale", 1e-300, "--min-loss-scale", 1e-310], "--loss-scale 1e-300 rounds to 0 in float16"),
     (["--loss-scale", 2, "--min-loss-scale", 4], "--min-loss-scale 4 is above --loss-scale 2"),

@@ -95,13 +95,14 @@ def train_step(engine, micro_batches, global_batch, lr, loss_scale=1.0, max_grad
 
 
 def count_correct(engine, x, labels, batch_rows, num_chunks):
-    """Correct predictions on this rank's rows, forward only, in num_chunks chunks of at most
-    batch_rows rows. num_chunks must be the same on every rank: in stage 3 each forward is
-    collective, so a rank with fewer rows runs empty chunks."""
-    correct = 0
+    """(correct predictions, rows whose logits are not finite) on this rank's rows, forward only,
+    in num_chunks chunks of at most batch_rows rows. num_chunks must be the same on every rank: in
+    stage 3 each forward is collective, so a rank with fewer rows runs empty chunks."""
+    correct = not_finite = 0
+    xp = engine.mlp.device.xp
     for c in range(num_chunks):
         rows = slice(c * batch_rows, (c + 1) * batch_rows)
-        logits = forward(engine, x[rows])
-        xp = engine.mlp.device.xp
+        logits = forward(engine, x[rows])                              # (rows, C)
         correct += int(xp.count_nonzero(xp.argmax(logits, axis=1) == labels[rows]))
-    return correct
+        not_finite += int(xp.count_nonzero(~xp.isfinite(logits).all(axis=1)))
+    return correct, not_finite

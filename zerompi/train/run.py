@@ -93,10 +93,10 @@ def run(cfg, comm, out, signals):
     """Collective: the whole run, on every rank."""
     state = setup(cfg, comm, out)
     try:
-        # an inf or NaN gets one verdict (divergence.py), not a RuntimeWarning from every rank
+        # an inf or NaN gets one verdict (divergence.py, finish), not a RuntimeWarning from every rank
         with np.errstate(over="ignore", invalid="ignore"):
             train_seconds = train_loop(state, signals)
-        finish(state, train_seconds)
+            finish(state, train_seconds)
     finally:
         if state.tracer is not None:
             state.tracer.discard()           # a run that ends early writes no trace (once written: nothing)
@@ -240,7 +240,10 @@ def finish(state, train_seconds):
     train_comm = {p: comm.ledger.totals({p}) for p in (GRADS, PARAMS)}
 
     if data.x_test is not None:
-        accuracy = held_out_accuracy(engine, data, state.precision.compute, state.rows)
+        accuracy, not_finite = held_out_accuracy(engine, data, state.precision.compute, state.rows)
+        comm.check_all(f"held-out predictions are not finite ({not_finite} of {data.x_test.shape[0]} samples): "
+                       f"the weights overflow {cfg.dtype} in the forward pass; nothing saved: lower --lr"
+                       if not_finite else None, exit_code=ExitCode.DIVERGED)
         comm.print0(f"held-out accuracy {100 * accuracy:.2f}% on {data.x_test.shape[0]} samples"
                     f" | training took {train_seconds:.1f} s", file=out)
     if cfg.save_weights:
@@ -258,17 +261,17 @@ def finish(state, train_seconds):
 
 
 def held_out_accuracy(engine, data, dtype, rows_per_rank):
-    """Each rank counts its contiguous part of the held-out set; one all-reduce adds them up."""
+    """(accuracy, predictions not finite): each rank counts its contiguous part of the held-out
+    set; one all-reduce adds them up."""
     comm = engine.comm
     parts = np.array_split(np.arange(data.x_test.shape[0]), comm.size)
     mine = parts[comm.rank]
     num_chunks = -(-max(len(p) for p in parts) // rows_per_rank)   # the same on every rank
     x_test = comm.device.from_numpy(data.x_test[mine].astype(dtype))
     y_test = comm.device.from_numpy(data.y_test[mine])
-    correct = np.array([count_correct(engine, x_test, y_test,
-                                      rows_per_rank, num_chunks)], dtype=np.float64)
-    comm.allreduce_sum(correct, METRICS)
-    return correct[0] / data.x_test.shape[0]
+    counts = np.array(count_correct(engine, x_test, y_test, rows_per_rank, num_chunks), dtype=np.float64)
+    comm.allreduce_sum(counts, METRICS)                      # (correct, rows not finite) over all ranks
+    return counts[0] / data.x_test.shape[0], int(counts[1])
 
 
 def start_trace(cfg, comm, engine):
