@@ -57,6 +57,17 @@ def test_a_save_dir_that_is_or_holds_an_input_is_refused(inputs):
     assert "--save-dir data.npz holds --data data.npz" in verdict("--data", "data.npz", "--save-dir", "data.npz")
 
 
+def test_two_outputs_on_one_path_are_refused(inputs):
+    """--metrics and --trace on one file: the trace's rename would replace the metrics (or the
+    weights) at the end of the run."""
+    assert verdict("--metrics", "out.json", "--trace", "out.json") == (
+        "--metrics out.json and --trace out.json are one file: give each output its own path")
+    os.mkdir("sub")
+    assert "are one file" in verdict("--save-weights", "w2.npz", "--trace", "sub/../w2.npz")
+    os.symlink("w3.npz", "link.npz")                         # a link to a file that does not exist yet
+    assert "are one file" in verdict("--save-weights", "link.npz", "--metrics", "w3.npz")
+
+
 def test_other_paths_are_fine(inputs):
     os.mkdir("ck")
     assert verdict("--data", "data.npz", "--init-weights", "w.npz", "--config", "run.toml", "--save-weights",

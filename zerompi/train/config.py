@@ -289,7 +289,7 @@ def output_overwrites_input(cfg):
     """One line if an output (--save-weights, --metrics, --trace) is an input (--data,
     --init-weights, --config, --deepspeed-config) by any name: the same (st_dev, st_ino) where the
     output exists, so symlinks and hard links count; or if --save-dir is or holds an input (by
-    real path). None if no output touches an input."""
+    real path); or if two outputs are one file. None if no output touches an input or another output."""
     inputs = [(_flag_name(name), getattr(cfg, name)) for name in INPUT_FLAGS
               if getattr(cfg, name) and os.path.exists(getattr(cfg, name))
               and not (name == "data" and cfg.data in BUILTIN_DATA)]
@@ -299,6 +299,11 @@ def output_overwrites_input(cfg):
             if output and _same_file(output, path):
                 return (f"{_flag_name(name)} {output} is {flag} {path}: writing it would destroy the input; "
                         f"choose another path")
+    outputs = [(_flag_name(name), getattr(cfg, name)) for name in OUTPUT_FLAGS if getattr(cfg, name)]
+    for i, (flag, path) in enumerate(outputs):
+        for other_flag, other in outputs[i + 1:]:
+            if os.path.realpath(path) == os.path.realpath(other):    # symlinks followed, even to no file yet
+                return f"{flag} {path} and {other_flag} {other} are one file: give each output its own path"
     if cfg.save_dir:
         folder = os.path.realpath(cfg.save_dir)
         for flag, path in inputs:
