@@ -319,3 +319,12 @@ def test_a_log_window_in_which_every_step_was_skipped_says_so():
     progress.print_line(4, 1e-3, SimpleNamespace(enabled=True, scale=8192.0))
     assert len(printed) == 1 and "loss 0.0000" not in printed[0] and "train acc" not in printed[0], printed
     assert printed[0].startswith("step  4/10 | all 2 steps skipped | lr 1.00e-03 | loss scale 8192 | "), printed
+
+
+def test_a_tiny_collective_timeout_does_not_make_the_watchdog_spin():
+    """--collective-timeout 1e-300: the watchdog thread polled every 2.5e-301 s, a busy loop
+    that took a core from the rank it watches."""
+    from zerompi.observe.watchdog import CollectiveWatchdog
+    watchdog = CollectiveWatchdog(1e-300, rank=0, abort=lambda code: None)
+    assert watchdog.poll >= 0.01
+    assert CollectiveWatchdog(600, rank=0, abort=lambda code: None).poll == 1.0

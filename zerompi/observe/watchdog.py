@@ -77,7 +77,7 @@ class CollectiveWatchdog:
         self.abort = abort               # abort(exit_code): ends every rank of the job
         self.kind = self.purpose = self.buffer = None   # the collective in progress (for the message)
         self.since = None                # time.monotonic() when it was entered; None: not in one
-        self.poll = min(1.0, limit / 4)
+        self.poll = min(1.0, max(0.01, limit / 4))   # never a busy loop, whatever the limit
         threading.Thread(target=self._watch, name="zerompi-watchdog", daemon=True).start()
 
     def enter(self, kind, purpose, buffer):
