@@ -718,6 +718,32 @@ def test_rotation_deletes_the_checkpoints_of_its_lineage_beyond_keep_last(checkp
     assert sorted(os.listdir(save_dir)) == ["latest", STEP]
 
 
+def test_a_rotation_interrupted_half_way_leaves_a_partial_folder_the_next_run_removes(checkpoints, tmp_path,
+                                                                                     monkeypatch):
+    """A second Ctrl-C while rotation deleted a step folder file by file left a half-deleted step_K
+    for good: no longer verified, so never removed. Now the folder is first renamed to a
+    .partial-step_K, which the next run removes under the lock."""
+    from zerompi.checkpoint import save
+    from zerompi.checkpoint.lock import remove_stale_partials
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    real_unlink, calls = os.unlink, []
+
+    def interrupted_unlink(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(save.os, "unlink", interrupted_unlink)
+    with pytest.raises(KeyboardInterrupt):
+        save.rotate(str(save_dir), 1, STEP)
+    monkeypatch.setattr(save.os, "unlink", real_unlink)
+    left = sorted(os.listdir(save_dir))
+    assert left == [".partial-step_00000003", "latest", STEP], left
+    remove_stale_partials(str(save_dir))
+    assert sorted(os.listdir(save_dir)) == ["latest", STEP]
+
+
 # ----------------------------------------------------------------------------------------------
 # Messages that fit: the output's name, the run's dtype
 # ----------------------------------------------------------------------------------------------

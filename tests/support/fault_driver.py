@@ -51,9 +51,9 @@ def send_signals(names, to):
         os.kill(target, getattr(signal, "SIG" + name))
 
 
-def load_data_blocked_by_a_signal(cfg):
+def load_data_blocked_by_a_signal(cfg, *args):
     if not fault.startswith("startup-signal:"):
-        return real_load_data(cfg)
+        return real_load_data(cfg, *args)
     if faulty:
         send_signals(*fault.split(":")[1:])
     while True:                                   # a read that never returns; a signal interrupts it

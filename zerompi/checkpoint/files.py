@@ -11,7 +11,7 @@
         rank00000.v.npy
         rank00001.params.npy  ...
       step_00000300.2/             the same step saved again after a resume from an earlier one
-      .partial-step_00000400/      a save in progress, or one that was killed: never read
+      .partial-step_00000400/      a save in progress, a killed one, or an old one being removed: never read
 
 Every shard file is a standard .npy holding a 1-D array of the writer's shard_numel elements
 (bfloat16 as its uint16 words, which .npy can describe; the manifest names the real dtype).
@@ -70,6 +70,7 @@ READABLE_VERSIONS = (1, 2)               # 1: no manifest checksum (read, with a
 CHECKSUM = "manifest_sha256"
 MANIFEST = "manifest.json"
 LATEST = "latest"
+PARTIAL = ".partial-"           # a save in progress, a killed one, or a checkpoint being removed
 BLOCK_BYTES = 1 << 20
 STATE_DTYPES = ("float64", "float32", "float16", "bfloat16")
 KIND_SETS = ({"params", "m", "v"}, {"params", "master", "m", "v"})

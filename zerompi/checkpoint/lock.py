@@ -23,10 +23,10 @@ import shutil
 import socket
 
 from ..inputs import open_regular
-from .files import CheckpointError, step_of
+from .files import PARTIAL, CheckpointError, step_of
 
 LOCK = ".lock"
-PARTIAL = ".partial-"
+
 ATTEMPTS = 3
 
 

@@ -35,7 +35,7 @@ import numpy as np
 from .atomic import fsync_folder
 from ..devices.device import to_numpy
 from .params import held_params
-from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, VERSION, CheckpointError, manifest_text, on_disk,
+from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, PARTIAL, VERSION, CheckpointError, manifest_text, on_disk,
                     read_manifest, shard_file_name, step_folder_name, step_folder_problem, step_of,
                     write_text_atomically)
 
@@ -94,7 +94,7 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     this run continued from, for rotation."""
     comm, stage, layout = engine.comm, engine.stage, engine.layout
     name = step_folder_name(training_state["step"])
-    partial = os.path.join(save_dir, ".partial-" + name)
+    partial = os.path.join(save_dir, PARTIAL + name)
     error = None
     if comm.rank == 0:
         try:
@@ -207,7 +207,7 @@ def rotate(save_dir, keep_last, newest):
         lineage.append((name, manifest))
         name = manifest.get("parent")
     for old, manifest in lineage[keep_last:]:
-        remove_checkpoint(os.path.join(save_dir, old), manifest)
+        remove_checkpoint(save_dir, old, manifest)
 
 
 def verified_own_folder(save_dir, name):
@@ -226,9 +226,13 @@ def verified_own_folder(save_dir, name):
     return manifest
 
 
-def remove_checkpoint(folder, manifest):
-    """The manifest first (the folder is then incomplete, never read), each shard file, the folder."""
-    os.unlink(os.path.join(folder, MANIFEST))
+def remove_checkpoint(save_dir, name, manifest):
+    """Rename save_dir/name to .partial-name first (one atomic step: from then on it is an
+    unfinished save, never read, and removed by the next run under the lock should this one be
+    killed half-way), then remove the files the manifest lists, the manifest, the folder."""
+    folder = os.path.join(save_dir, PARTIAL + name)
+    os.rename(os.path.join(save_dir, name), folder)
     for entry in manifest["files"]:
         os.unlink(os.path.join(folder, entry["path"]))
+    os.unlink(os.path.join(folder, MANIFEST))
     os.rmdir(folder)
