@@ -7,7 +7,9 @@ it when its process ends (atexit: a normal end, an error exit, preemption). The 
 O_CREAT | O_EXCL, which fails when it exists, so of two runs starting together exactly one gets it.
 A lock found in place is judged by its holder:
 
-    a live process on this host         refused, naming the holder
+    a live process on this host         refused, naming the holder, unless it ends within
+                                        GRACE_SECONDS (mpirun may return before an aborted rank
+                                        has exited: a run requeued at once must not be refused)
     a process on this host that ended   stale (the run was killed): taken over, said in one line
     a process on another host           refused, naming the holder and how to remove the lock:
                                         whether it still runs cannot be checked from here
@@ -21,6 +23,7 @@ import atexit
 import os
 import shutil
 import socket
+import time
 
 from ..inputs import open_regular
 from .files import PARTIAL, CheckpointError, step_of
@@ -28,6 +31,8 @@ from .files import PARTIAL, CheckpointError, step_of
 LOCK = ".lock"
 
 ATTEMPTS = 3
+GRACE_SECONDS = 5.0          # how long a live holder on this host may take to end before a run is refused
+MAX_PID = 1 << 22            # Linux's largest pid_max
 
 
 def take_lock(save_dir):
@@ -83,7 +88,7 @@ def _holder(path, save_dir):
     except UnicodeDecodeError:
         text = "(not text)"
     parts = text.split()
-    if len(parts) != 2 or not parts[1].isdigit() or int(parts[1]) < 1:
+    if len(parts) != 2 or not (parts[1].isascii() and parts[1].isdigit()) or not 0 < int(parts[1]) < MAX_PID:
         raise CheckpointError(f"{path}: not a lock zerompi wrote ({text.strip()[:60]!r}), or one being written "
                               f"this instant; if no run uses {save_dir}, remove {path}")
     return parts[0], int(parts[1])
@@ -94,19 +99,27 @@ def _refuse_unless_stale(path, save_dir, holder):
     if host != socket.gethostname():
         raise CheckpointError(f"{path}: {save_dir} is locked by a run on host {host} (pid {pid}), which cannot "
                               f"be checked from here; if no run uses {save_dir} any more, remove {path}")
+    deadline = time.monotonic() + GRACE_SECONDS      # a holder just ending (mpirun returned, its rank not yet)
+    while pid != os.getpid() and _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     if pid != os.getpid() and _running(pid):
         raise CheckpointError(f"{path}: {save_dir} is in use by another run (held by {host}, pid {pid}); wait "
                               f"for it to end or use another --save-dir")
 
 
 def _running(pid):
+    """Whether process pid exists and has not ended (a zombie, ended but not yet reaped, has)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:              # another user's process
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):        # no /proc: kill(pid, 0) is all there is
+        return True
 
 
 def _set_aside(path, holder, save_dir):
