@@ -760,6 +760,19 @@ def test_checkpoint_command_errors_name_the_output_not_a_temporary_file(command,
     assert len(lines) == 1 and f"error: {output}: " in lines[0] and ".tmp-" not in lines[0], describe(result)
 
 
+@pytest.mark.parametrize("command, output", [
+    ("export", f"ck/{STEP}/manifest.json"), ("consolidate", f"ck/{STEP}/rank00000.params.npy"),
+    ("export", "ck/latest"), ("consolidate", "ck/.lock"), ("export", "ck/step_00000003/x.safetensors")])
+def test_checkpoint_commands_never_write_onto_a_checkpoint(command, output, checkpoints, tmp_path):
+    """`export ck ck/step_K/manifest.json` printed "wrote" and destroyed the newest checkpoint."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    before = snapshot(save_dir)
+    result = checkpoint_tool(command, "ck", output, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", describe(result)
+    assert len(result.stderr.splitlines()) == 1 and "would replace" in result.stderr, describe(result)
+    assert snapshot(save_dir) == before
+
+
 @pytest.mark.parametrize("dtype, says, never", [
     ("float32", "beyond the range of float32", "train in"),
     ("bf16", "beyond the range of bfloat16", "train in bf16"),

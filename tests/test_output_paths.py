@@ -68,6 +68,23 @@ def test_two_outputs_on_one_path_are_refused(inputs):
     assert "are one file" in verdict("--save-weights", "link.npz", "--metrics", "w3.npz")
 
 
+@pytest.mark.parametrize("output", ["ck/step_00000004/manifest.json", "ck/step_00000004/rank00000.params.npy",
+                                    "ck/latest", "ck/.lock", "ck/.partial-step_00000006/x", "ck/step_00000009"])
+@pytest.mark.parametrize("flag", ["--metrics", "--save-weights", "--trace"])
+def test_an_output_onto_the_checkpoints_is_refused(inputs, flag, output):
+    """--metrics ck/step_K/manifest.json with --resume destroyed the checkpoint just resumed from
+    (exit 0); --save-weights ck/.lock overwrote the lock."""
+    os.makedirs("ck/step_00000004")
+    for name in ("manifest.json", "rank00000.params.npy"):
+        (inputs / "ck" / "step_00000004" / name).write_text("{}")
+    with_save_dir = verdict("--save-dir", "ck", "--resume", flag, output)
+    assert with_save_dir and "would replace" in with_save_dir and "ck" in with_save_dir, with_save_dir
+    if output.startswith("ck/step_00000004/"):
+        from_folder = verdict("--resume", "ck/step_00000004", flag, output)
+        assert from_folder and "would replace" in from_folder, from_folder
+    assert verdict("--save-dir", "ck", flag, "ck/notes.json") is None        # beside the checkpoints: fine
+
+
 def test_other_paths_are_fine(inputs):
     os.mkdir("ck")
     assert verdict("--data", "data.npz", "--init-weights", "w.npz", "--config", "run.toml", "--save-weights",

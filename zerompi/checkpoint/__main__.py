@@ -14,7 +14,7 @@ import os
 import sys
 
 from .export import consolidate, export_safetensors, verify_all
-from .files import MANIFEST, CheckpointError, find_checkpoint, read_manifest, unverified_note
+from .files import MANIFEST, CheckpointError, find_checkpoint, replaces_checkpoint_file, read_manifest, unverified_note
 from .safetensors_io import SafetensorsError
 
 
@@ -84,6 +84,10 @@ def main(argv=None):
         folder, note = resolve(args.checkpoint)
         if note:
             print(note)
+        if args.command != "inspect":
+            problem = replaces_checkpoint_file(args.output, os.path.dirname(os.path.abspath(folder)), folder)
+            if problem:
+                raise CheckpointError(f"{problem}: write it elsewhere")
         args.run(folder, args)
     except (CheckpointError, SafetensorsError, KeyError, TypeError, ValueError) as e:
         print(f"zerompi.checkpoint: error: {e}", file=sys.stderr)

@@ -70,6 +70,7 @@ READABLE_VERSIONS = (1, 2)               # 1: no manifest checksum (read, with a
 CHECKSUM = "manifest_sha256"
 MANIFEST = "manifest.json"
 LATEST = "latest"
+LOCK = ".lock"                 # "host pid" of the run using the save dir (zerompi/checkpoint/lock.py)
 PARTIAL = ".partial-"           # a save in progress, a killed one, or a checkpoint being removed
 BLOCK_BYTES = 1 << 20
 STATE_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -90,6 +91,21 @@ def step_of(name):
     """(step, copy) of a step folder's name (step_00000300.2 -> (300, 2)), or None if it is not one."""
     match = STEP_FOLDER.fullmatch(name) if isinstance(name, str) else None
     return (int(match.group(1)), int(match.group(2) or 1)) if match else None
+
+
+def replaces_checkpoint_file(path, save_dir, folder=None):
+    """One line if writing `path` would replace what checkpoints keep: in save_dir, `latest`,
+    `.lock`, a step folder or a partial save; or anything inside the checkpoint folder `folder`,
+    whatever its name. Compared by real path (symlinks and `..` followed). Else None."""
+    target = os.path.realpath(path)
+    if folder is not None and os.path.commonpath([target, os.path.realpath(folder)]) == os.path.realpath(folder):
+        return f"{path} would replace a file of the checkpoint {folder}"
+    real_save_dir = os.path.realpath(save_dir)
+    if os.path.commonpath([target, real_save_dir]) == real_save_dir and target != real_save_dir:
+        first = os.path.relpath(target, real_save_dir).split(os.sep)[0]
+        if first in (LATEST, LOCK) or first.startswith(PARTIAL) or step_of(first):
+            return f"{path} would replace {os.path.join(save_dir, first)}, which the checkpoints there need"
+    return None
 
 
 def shard_file_name(rank, kind):

@@ -26,9 +26,8 @@ import socket
 import time
 
 from ..inputs import open_regular
-from .files import PARTIAL, CheckpointError, step_of
+from .files import LOCK, PARTIAL, CheckpointError, step_of
 
-LOCK = ".lock"
 
 ATTEMPTS = 3
 GRACE_SECONDS = 5.0          # how long a live holder on this host may take to end before a run is refused

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from .config_files import ConfigFileError, flags_from_file
+from ..checkpoint.files import replaces_checkpoint_file
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import ExitCode
 from ..inputs import check_fits
@@ -304,6 +305,12 @@ def output_overwrites_input(cfg):
         for other_flag, other in outputs[i + 1:]:
             if os.path.realpath(path) == os.path.realpath(other):    # symlinks followed, even to no file yet
                 return f"{flag} {path} and {other_flag} {other} are one file: give each output its own path"
+    resumed = cfg.resume if cfg.resume and cfg.resume != "latest" else None
+    for flag, path in outputs:
+        problem = ((cfg.save_dir and replaces_checkpoint_file(path, cfg.save_dir)) or
+                   (resumed and replaces_checkpoint_file(path, os.path.dirname(os.path.abspath(resumed)), resumed)))
+        if problem:
+            return f"{flag} {problem}: write it elsewhere"
     if cfg.save_dir:
         folder = os.path.realpath(cfg.save_dir)
         for flag, path in inputs:
