@@ -151,13 +151,38 @@ def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_4(tmp_path):
     assert 4 <= step < 20 and os.path.isdir(tmp_path / "ck" / f"step_{step:08d}"), run.describe()
 
 
+EXIT_SIGNALS = """
+import signal, sys
+from zerompi.train.run import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    print("exit", e.code)
+print("handlers", *[signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)])
+"""
+
+
+@pytest.mark.parametrize("flags", [[], ["--steps", 0]], ids=["done", "bad-input"])
+def test_once_the_run_has_ended_a_stop_signal_cannot_change_its_exit_status(flags, tmp_path):
+    """A second SIGTERM just after a preemption's checkpoint ended the job with status 15, not 4:
+    Python puts its signal handlers back to the default before MPI_Finalize, so a signal then
+    killed the rank. Every way out of main now leaves the stop signals ignored."""
+    run = launch(1, *TINY, *flags, cwd=tmp_path, program=("-c", EXIT_SIGNALS))
+    assert run.returncode == 0, run.describe()
+    assert "handlers True True True" in run.stdout, run.describe()
+
+
 def test_a_second_ctrl_c_ends_the_run_at_once(tmp_path):
     run = with_fault(2, "signal:INT,INT:self", "1", 3, "--save-dir", "ck", "--save-weights", "w.npz", cwd=tmp_path)
     assert run.returncode == 130, run.describe()
     assert error_lines(run) == ["zerompi: error: rank 1: a second SIGINT: ending the run at once, "
                                 "without a checkpoint"], run.describe()
     assert "Traceback" not in run.output, run.describe()
-    assert not os.path.exists(tmp_path / "w.npz") and os.listdir(tmp_path / "ck") == []
+    assert not os.path.exists(tmp_path / "w.npz")
+    # no checkpoint; rank 0's lock stays when the abort came from another rank, and is stale at once
+    assert os.listdir(tmp_path / "ck") in ([], [".lock"]), os.listdir(tmp_path / "ck")
+    again = train_ok(2, *TINY, "--save-dir", "ck", "--resume", cwd=tmp_path)
+    assert "no checkpoint in ck yet: starting from step 0" in again.output, again.describe()
 
 
 @pytest.mark.parametrize("name", ["INT", "TERM"])

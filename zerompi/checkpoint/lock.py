@@ -3,7 +3,8 @@
     save_dir/.lock      one line, "<host> <pid>": the host name and process id of the run's rank 0
 
 Rank 0 takes the lock at start, before the run writes or deletes anything in save_dir, and removes
-it when its process ends (atexit: a normal end, an error exit, preemption). The file is created with
+it when its process ends (atexit: a normal end, an error exit, preemption; before an MPI_Abort, which
+skips atexit, run.py calls release_locks). The file is created with
 O_CREAT | O_EXCL, which fails when it exists, so of two runs starting together exactly one gets it.
 A lock found in place is judged by its holder:
 
@@ -43,6 +44,7 @@ def take_lock(save_dir):
     for _ in range(ATTEMPTS):
         if _create(path, me):
             atexit.register(_release, path, me)
+            _held.append((path, me))
             return note
         holder = _holder(path, save_dir)
         if holder is None:                              # removed meanwhile: try again
@@ -137,6 +139,15 @@ def _set_aside(path, holder, save_dir):
         return False
     os.unlink(aside)
     return True
+
+
+_held = []                   # (path, (host, pid)) of the locks this process took
+
+
+def release_locks():
+    """Remove the locks this process holds now (before an abort, which skips atexit)."""
+    while _held:
+        _release(*_held.pop())
 
 
 def _release(path, me):

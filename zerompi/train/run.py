@@ -42,6 +42,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..adam import AdamConfig
+from ..checkpoint.lock import release_locks
 from ..checkpoint.training import check_save_dir, save_training_checkpoint, start_from
 from ..checkpoint.weights import check_writable, save_weights
 from ..comm import Communicator
@@ -295,6 +296,7 @@ def main(argv=None):
         device, device_error = select_device(device_choice(argv), os.environ)
         comm = Communicator(device=device)
     except Interrupted as e:                   # reading --config: no MPI yet, each signalled rank says so
+        signals.stand_down()
         print(f"zerompi: error: rank {signals.rank}: {e}", file=sys.stderr, flush=True)
         raise SystemExit(ExitCode.INTERRUPTED)
     try:
@@ -325,15 +327,18 @@ def main(argv=None):
     except SystemExit:
         raise
     except Interrupted as e:                   # a signal that ends the run at once (signals.py)
+        release_locks()                        # MPI_Abort skips atexit, which would release --save-dir's lock
         time.sleep(stagger(comm.rank))         # every rank signalled at once: the lowest one reports
         report_then_abort(f"zerompi: error: rank {comm.rank}: {e}", comm.mpi.Abort, ExitCode.INTERRUPTED)
     except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
         signals.stand_down()
+        release_locks()
         time.sleep(stagger(comm.rank))         # several ranks failing at once: the lowest one reports
         traceback.print_exc()
         report_then_abort(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", comm.mpi.Abort,
                           ExitCode.FAILED)
     finally:
+        signals.stand_down()                   # the run has ended: a signal now must not change its status
         await_announced_abort()                # a watchdog announced an abort: never exit 0 (watchdog.py)
     return ExitCode.OK
 

@@ -15,7 +15,10 @@
 Ending "at once" raises Interrupted in the main thread, whose handler in run.py's main prints the
 one line and aborts the job (MPI_Abort), so that no rank waits for the one that left. Once a
 signal has ended the run, further ones are ignored (launchers forward signals to every rank, some
-more than once): the abort follows within seconds, and SIGKILL still ends a process at once.
+more than once): the abort follows within seconds, and SIGKILL still ends a process at once. So
+does every other end of the run (done, bad input, preempted): Python puts its own handlers back
+to the default before MPI_Finalize runs, where a late SIGTERM would otherwise kill the rank and
+turn a preemption's status 4 into 15.
 
 Under mpirun (MPICH's hydra) Ctrl-C in a terminal reaches mpirun, which forwards one SIGINT to
 every rank (the ranks run in sessions of their own) and, at a second Ctrl-C, kills them itself;
