@@ -19,10 +19,9 @@ import sys
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from test_cli import ERROR_MARK, files_under, launch, load_weights, loss_lines, train_ok
+from test_cli import ERROR_MARK, files_under, launch, loss_lines, train_ok
 from zerompi.step import StepResult
 from zerompi.train.progress import Progress
 from zerompi.ledger import MEMORY_KINDS
