@@ -241,6 +241,21 @@ def test_an_update_that_makes_the_parameters_non_finite_is_divergence(dtype, ste
     assert os.listdir(tmp_path) == []               # no weights, no trace, no temporary file
 
 
+def test_data_that_overflows_the_first_forward_is_not_blamed_on_the_learning_rate(tmp_path):
+    """x = 3e38 is finite in float32, but the first forward overflows: before any update, so the
+    advice "lower --lr" was false."""
+    x = np.random.default_rng(0).standard_normal((64, 4))
+    x[0, 1] = 3e38
+    np.savez(tmp_path / "big.npz", x=x, y=np.arange(64) % 3)
+    run = launch(2, "--data", "big.npz", "--no-shuffle", "--steps", 3, "--hidden", 8, "--batch-size", 16,
+                 "--log-every", 0, "--report", "none", cwd=tmp_path)
+    assert run.returncode == 3, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and lines[0].startswith("zerompi: error: step 1: "), run.describe()
+    assert "lower --lr" not in lines[0] and "before any update" in lines[0], run.describe()
+    assert "the data or the initial weights" in lines[0], run.describe()
+
+
 def test_finite_weights_whose_held_out_predictions_overflow_give_no_accuracy(tmp_path):
     """float64, one step of lr 1e300: the weights stay finite (about 1e300) but the held-out forward
     overflows; an accuracy counted from NaN predictions was printed with exit 0."""

@@ -21,7 +21,7 @@ from ..exit_codes import ExitCode
 def not_finite_message(step, result, comm):
     """Collective: what was not finite at this step, where first: the layer (the first one whose
     gradient is not finite, the same verdict on every rank) and the lowest rank whose own part of
-    the loss is not finite."""
+    the loss is not finite; and what to try."""
     if result.bad_layer >= 0:
         grad = f"the gradient is not finite, first in layer {result.bad_layer} (layers.{result.bad_layer}.*)"
     elif not math.isfinite(result.grad_norm):
@@ -31,6 +31,9 @@ def not_finite_message(step, result, comm):
     rank = comm.first_failing_rank(None if result.local_loss_finite else "loss")
     loss = (f"the loss is {result.loss:g}" if rank is None else
             f"the loss is not finite ({result.loss:g}), first on rank {rank}")
+    if step == 1:                    # no update yet: the learning rate played no part
+        return (f"step 1: {grad}; {loss}: before any update, so the data or the initial weights are too "
+                f"large for the compute dtype: check their scale")
     return f"step {step}: {grad}; {loss}: lower --lr or try --clip-norm"
 
 
