@@ -275,7 +275,7 @@ BAD_INPUTS = [
     ("config-unknown-keys", ["--config", "{input}"], "unknown keys: batchsize, learning_rate",
      _toml_unknown_keys, (3,)),
     ("config-invalid-toml", ["--config", "{input}"], "run.toml is not valid TOML", _toml_invalid, (3,)),
-    ("config-bad-value", ["--config", "{input}"], "run.toml: argument --lr: invalid float value: 'fast'",
+    ("config-bad-value", ["--config", "{input}"], "run.toml: lr='fast' must be a number",
      _toml_bad_value, (3,)),
     ("deepspeed-unsupported", ["--deepspeed-config", "{input}"], "unsupported DeepSpeed settings: "
      "wall_clock_breakdown, zero_optimization.offload_optimizer, optimizer.type='Lamb'", _ds_unsupported, (3,)),

@@ -99,7 +99,7 @@ def test_toml_unknown_keys_and_bad_values_name_the_file(tmp_path):
     assert error_of(["--config", toml]) == (f"{toml}: unknown keys: batchsize, learning_rate (the keys are "
                                              f"the long flag names without the dashes, see --help)")
     toml = write(tmp_path, "b.toml", 'lr = "fast"\n')
-    assert error_of(["--config", toml]) == f"{toml}: argument --lr: invalid float value: 'fast'"
+    assert error_of(["--config", toml]) == f"{toml}: lr='fast' must be a number"
     toml = write(tmp_path, "c.toml", 'stage = \n')
     assert error_of(["--config", toml]).startswith(f"{toml} is not valid TOML: ")
 
@@ -214,6 +214,29 @@ def test_auto_where_deepspeed_does_not_take_it_is_a_wrong_type(tmp_path):
 def test_a_toml_switch_needs_a_boolean(tmp_path):
     toml = write(tmp_path, "run.toml", 'shuffle = "false"\n')
     assert error_of(["--config", toml]) == f"{toml}: shuffle='false' must be true or false"
+
+
+@pytest.mark.parametrize("line, says", [
+    ('resume = true', "resume=True must be a string"),                      # read as the path "True"
+    ('metrics = ["a", "b"]', "metrics=['a', 'b'] must be a string"),         # wrote a file named "a,b"
+    ('save-dir = 5', "save-dir=5 must be a string"),
+    ('steps = "4"', "steps='4' must be an integer"),
+    ('steps = 4.0', "steps=4.0 must be an integer"),
+    ('steps = true', "steps=True must be an integer"),
+    ('lr = "0.1"', "lr='0.1' must be a number"),
+    ('hidden = 64', "hidden=64 must be a list of integers"),
+    ('hidden = [64, "a"]', "hidden=[64, 'a'] must be a list of integers"),
+])
+def test_a_toml_value_must_have_its_flags_type(tmp_path, line, says):
+    toml = write(tmp_path, "run.toml", line + "\n")
+    assert error_of(["--config", toml]) == f"{toml}: {says}"
+
+
+def test_toml_values_of_the_right_type_are_read(tmp_path):
+    toml = write(tmp_path, "run.toml", 'steps = 0x10\nlr = 1\nhidden = [16, 8]\nresume = "latest"\n'
+                                       'save-dir = "ck"\n')
+    cfg = parse_args(["--config", toml])
+    assert (cfg.steps, cfg.lr, cfg.hidden, cfg.resume, cfg.save_dir) == (16, 1.0, (16, 8), "latest", "ck")
 
 
 def test_a_key_with_a_line_break_is_named_on_one_line(tmp_path):

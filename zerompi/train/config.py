@@ -201,8 +201,9 @@ def device_choice(argv):
 
 
 def _file_keys():
-    """{long flag name: True for a --x/--no-x switch}: the keys a TOML config file may hold."""
-    return {f.name.replace("_", "-"): isinstance(f.default, bool) for f in fields(TrainConfig)}
+    """{long flag name: the type of its value (bool for a --x/--no-x switch, int, float, str, tuple
+    for a list of widths)}: the keys a TOML config file may hold."""
+    return {f.name.replace("_", "-"): type(f.default) for f in fields(TrainConfig)}
 
 
 def parse_args(argv, rank=0, num_ranks=1):

@@ -80,8 +80,8 @@ MAX_SCALE_POWER = 127                          # the initial loss scale 2^power 
 
 def flags_from_file(path, deepspeed, known_flags, num_ranks, default_lr):
     """Command-line flags [--name, value, ...] for the TOML file at path (deepspeed False) or the
-    DeepSpeed JSON at path (True); known_flags: {long flag name (without the dashes): True for a
-    --x/--no-x switch};
+    DeepSpeed JSON at path (True); known_flags: {long flag name (without the dashes): the type of its
+    value, bool for a --x/--no-x switch};
     default_lr: --lr's default (for a cosine floor given as a ratio of an lr the file leaves out)."""
     with open_regular(path, _unreadable) as f:
         try:
@@ -105,16 +105,32 @@ def _unreadable(message):
     return ConfigFileError(f"cannot read config file {message}")
 
 
+def _integer(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# a flag's type -> (does a TOML value fit it, what the message asks for)
+TOML_TYPES = {
+    bool: (lambda v: isinstance(v, bool), "true or false"),
+    int: (_integer, "an integer"),
+    float: (lambda v: _integer(v) or isinstance(v, float), "a number"),
+    str: (lambda v: isinstance(v, str), "a string"),
+    tuple: (lambda v: isinstance(v, list) and all(map(_integer, v)), "a list of integers"),
+}
+
+
 def toml_flags(table, known_flags, path):
+    """[--name, value, ...] for a TOML table; known_flags: {long flag name: the type of its value};
+    every value must be of its flag's type (a string is no number, `true` is no path)."""
     flags, unknown = [], []
     for key, value in table.items():
         if key not in known_flags or key in ("config", "deepspeed-config") or isinstance(value, dict):
             unknown.append(_name(key))
-        elif known_flags[key]:                                          # overlap = true: --overlap
-            if not isinstance(value, bool):
-                raise ConfigFileError(f"{path}: {key}={_shown(value)} must be true or false")
+        elif not TOML_TYPES[known_flags[key]][0](value):
+            raise ConfigFileError(f"{path}: {key}={_shown(value)} must be {TOML_TYPES[known_flags[key]][1]}")
+        elif known_flags[key] is bool:                                  # overlap = true: --overlap
             flags.append(f"--{key}" if value else f"--no-{key}")
-        elif isinstance(value, list):
+        elif known_flags[key] is tuple:                                 # hidden = [256, 256]
             flags += [f"--{key}", ",".join(map(str, value))]
         else:
             flags += [f"--{key}", str(value)]
