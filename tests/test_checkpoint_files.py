@@ -718,6 +718,17 @@ def test_rotation_deletes_the_checkpoints_of_its_lineage_beyond_keep_last(checkp
     assert sorted(os.listdir(save_dir)) == ["latest", STEP]
 
 
+def test_a_manifest_whose_step_is_not_its_folders_is_refused(checkpoints, tmp_path):
+    """step 3 in step_00000006, checksum recomputed: resumed "from ck/step_00000006 at step 3"."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    edit_manifest(save_dir / STEP, lambda m: m.__setitem__("step", 3))
+    with pytest.raises(CheckpointError, match=r"step_00000006/manifest.json: step 3, but the folder is step 6"):
+        load_checkpoint(fresh_engine(), str(save_dir / STEP))
+    renamed = tmp_path / "mine"                              # a folder the user renamed: its name says nothing
+    os.rename(save_dir / STEP, renamed)
+    assert load_checkpoint(fresh_engine(), str(renamed))["step"] == 3
+
+
 def test_a_rotation_interrupted_half_way_leaves_a_partial_folder_the_next_run_removes(checkpoints, tmp_path,
                                                                                      monkeypatch):
     """A second Ctrl-C while rotation deleted a step folder file by file left a half-deleted step_K

@@ -340,6 +340,10 @@ def read_manifest(folder):
         _check_numbers(path, m)
         _check_layout(path, m)
         _check_files(path, m)
+        named = step_of(os.path.basename(os.path.normpath(folder)))
+        if named is not None and named[0] != m["step"]:
+            raise CheckpointError(f"{path}: step {m['step']}, but the folder is step {named[0]}: it was moved "
+                                  f"or edited")
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
