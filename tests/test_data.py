@@ -1,6 +1,7 @@
 """Tests of zerompi.data: the synthetic set, the .npz loader and its errors, the batch schedule."""
 import io
 import os
+import warnings
 import signal
 import zipfile
 
@@ -248,6 +249,17 @@ def test_values_that_overflow_float32_are_refused_in_a_float32_run(tmp_path, key
     assert f"{key!r} has 2 values that are not finite in float32" in message
     assert "the first at row 2, column 1" in message
     assert load_npz(str(path), np.float64).x_train.shape == (4, 3)     # fine in a float64 run
+
+
+def test_long_double_beyond_float64_is_one_error_not_a_warning(tmp_path):
+    """A long double x of 1e400 printed a RuntimeWarning on every rank before the error line."""
+    x = GOOD_X.astype(np.longdouble)
+    x[1, 2] = np.longdouble("1e400")
+    path = save(tmp_path, x=x, y=GOOD_Y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        message = load_error(path, np.float32)
+    assert "'x' has 1 values that are not finite" in message and "row 1, column 2" in message
 
 
 def test_the_largest_float32_is_accepted(tmp_path):

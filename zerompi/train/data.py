@@ -188,7 +188,8 @@ def _read_split(path, archive, x_key, y_key, dtype, ranks_on_node):
                f"{path}: {x_key!r} of shape {x_shape} {x_dtype} and {y_key!r}, with their float64, "
                f"{dtype} and int64 copies,", DataError, ranks_on_node)
 
-    x = np.ascontiguousarray(read(archive, x_key, DataError, f"{path}: {x_key!r}"), dtype=np.float64)
+    with np.errstate(over="ignore"):                          # a long double beyond float64: inf, refused below
+        x = np.ascontiguousarray(read(archive, x_key, DataError, f"{path}: {x_key!r}"), dtype=np.float64)
     _check_finite(path, x_key, x, dtype)
     y = read(archive, y_key, DataError, f"{path}: {y_key!r}")
     negative = y < 0                                         # (rows,) bool
