@@ -6,7 +6,6 @@ unsupported key is named.
 """
 import json
 import os
-import signal
 
 import pytest
 
@@ -118,18 +117,6 @@ def test_a_toml_run_trains_exactly_what_the_same_flags_train(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # Files that are not regular files, nesting too deep, values of the wrong type
 # ----------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def no_hang():
-    """Fail a test whose blocking open would hang, after 5 s, instead of hanging the suite."""
-    def timeout(signum, frame):
-        raise TimeoutError("blocked for 5 s")
-    previous = signal.signal(signal.SIGALRM, timeout)
-    signal.alarm(5)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
 
 @pytest.mark.parametrize("flag, name", [("--config", "run.toml"), ("--config", "ds.json"),
                                         ("--deepspeed-config", "ds.json")])

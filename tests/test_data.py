@@ -2,7 +2,6 @@
 import io
 import os
 import warnings
-import signal
 import zipfile
 
 import numpy as np
@@ -362,18 +361,6 @@ def test_memory_is_shared_by_the_ranks_on_the_node(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------
 # load_npz: only regular files are read
 # ----------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def no_hang():
-    """Fail a test whose blocking open would hang, after 5 s, instead of hanging the suite."""
-    def timeout(signum, frame):
-        raise TimeoutError("blocked for 5 s")
-    previous = signal.signal(signal.SIGALRM, timeout)
-    signal.alarm(5)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
 
 def test_a_fifo_is_refused_without_blocking(tmp_path, no_hang):
     fifo = tmp_path / "data.npz"

@@ -1,7 +1,6 @@
 """zerompi.weights: consolidated .npz files, on a single-process engine (N = 1, every stage)."""
 import io
 import os
-import signal
 import stat
 import zipfile
 
@@ -331,18 +330,6 @@ def test_a_header_declaring_less_than_the_member_holds_is_refused(tmp_path):
     path = npz_with_header(tmp_path / "w.npz", "layers.0.weight", (37, 4), weight.tobytes())
     message = read_error(path)
     assert "layers.0.weight" in message and "(37, 4)" in message
-
-
-@pytest.fixture
-def no_hang():
-    """Fail a test whose blocking open would hang, after 5 s, instead of hanging the suite."""
-    def timeout(signum, frame):
-        raise TimeoutError("blocked for 5 s")
-    previous = signal.signal(signal.SIGALRM, timeout)
-    signal.alarm(5)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("name", ["w.npz", "w.safetensors"])

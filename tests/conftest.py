@@ -1,0 +1,16 @@
+"""Fixtures shared by the single-process tests."""
+import signal
+
+import pytest
+
+
+@pytest.fixture
+def no_hang():
+    """Fail a test whose blocking open would hang, after 5 s, instead of hanging the suite."""
+    def timeout(signum, frame):
+        raise TimeoutError("blocked for 5 s")
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
