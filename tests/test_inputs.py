@@ -25,7 +25,7 @@ def test_a_regular_file_is_read(tmp_path):
     (lambda p: os.mkfifo(p), "a FIFO"),
     (lambda p: os.mkdir(p), "a folder"),
 ])
-def test_a_fifo_or_folder_is_refused_without_blocking(tmp_path, make, kind):
+def test_a_fifo_or_folder_is_refused_without_blocking(tmp_path, make, kind, no_hang):
     path = str(tmp_path / "x")
     make(path)
     with pytest.raises(Refused, match=f"x: is {kind}"):

@@ -75,7 +75,7 @@ PARTIAL = ".partial-"           # a save in progress, a killed one, or a checkpo
 BLOCK_BYTES = 1 << 20
 STATE_DTYPES = ("float64", "float32", "float16", "bfloat16")
 KIND_SETS = ({"params", "m", "v"}, {"params", "master", "m", "v"})
-STEP_FOLDER = re.compile(r"step_(\d{8,})(?:\.([2-9]|[1-9]\d+))?")
+STEP_FOLDER = re.compile(r"step_(\d{8,})(?:\.([2-9]|[1-9]\d+))?", re.ASCII)
 JSON_BYTES_PER_TEXT_BYTE = 16            # parsed JSON (dicts, lists, ints) takes many times its text
 
 

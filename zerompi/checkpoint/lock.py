@@ -130,7 +130,11 @@ def _set_aside(path, holder, save_dir):
         os.rename(path, aside)
     except FileNotFoundError:
         return False
-    if _holder(aside, save_dir) != holder:            # a run took it over in between: its lock, put back
+    try:
+        moved = _holder(aside, save_dir)
+    except CheckpointError:                         # a lock being written this instant: another run's
+        moved = None
+    if moved != holder:                             # a run took it over in between: its lock, put back
         try:
             os.link(aside, path)
         except FileExistsError:

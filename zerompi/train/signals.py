@@ -2,7 +2,9 @@
 
     start-up and finish          any of them ends the run at once: the signalled rank prints one
     (outside the training loop)  line and every rank exits INTERRUPTED (a start-up blocked on an
-                                 input, a slow finish: nothing is waited for)
+                                 input, a slow finish: nothing is waited for); but SIGUSR1 after
+                                 training, Slurm's warning before a time limit, is one warning
+                                 line: the finish (held-out accuracy, the weights) goes on
     the training loop,           deferred: the handler only sets a flag; after each step one
     with --save-dir              all-reduce tells every rank whether any rank got a signal, so
                                  all of them finish the same step, write the checkpoint and exit
@@ -70,7 +72,10 @@ class Signals:
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
-        if self.phase != "in the training loop":
+        if self.phase == "after training" and signum == signal.SIGUSR1:
+            os.write(sys.stderr.fileno(), f"zerompi: warning: rank {self.rank}: SIGUSR1 after training: the run "
+                                          f"is finishing; it goes on\n".encode())
+        elif self.phase != "in the training loop":
             self._end(f"{name} {self.phase}: ending the run")
         elif not self.save_dir and signum == signal.SIGUSR1:
             os.write(sys.stderr.fileno(), f"zerompi: warning: rank {self.rank}: SIGUSR1 but no --save-dir: "
