@@ -15,7 +15,7 @@ from mpi4py import MPI
 from helpers import LR, WEIGHT_DECAY, consolidated, make_batches, make_engine, run_steps
 from reference import adamw_train, initial_weights
 from zerompi.checkpoint import load_checkpoint, save_checkpoint
-from zerompi.checkpoint.files import latest_checkpoint
+from zerompi.checkpoint.find import latest_checkpoint
 from zerompi.comm import Communicator
 
 SIZES = [13, 37, 53, 7]

@@ -5,7 +5,7 @@
     python -m zerompi.checkpoint export CKPT OUT.safetensors [--optimizer]
 
 CKPT is a checkpoint folder (one holding a manifest.json) or a --save-dir (the checkpoint
---resume would continue from: zerompi/checkpoint/files.py, find_checkpoint; a line says so when
+--resume would continue from: zerompi/checkpoint/find.py; a line says so when
 that is not the one `latest` names). Everything streams one tensor at a time; errors print one
 line naming the file (the output's name for what cannot be written) and exit with status 2.
 """
@@ -14,7 +14,8 @@ import os
 import sys
 
 from .export import consolidate, export_safetensors, verify_all
-from .files import MANIFEST, CheckpointError, find_checkpoint, replaces_checkpoint_file, read_manifest, unverified_note
+from .files import MANIFEST, CheckpointError, replaces_checkpoint_file, read_manifest, unverified_note
+from .find import find_checkpoint
 from .safetensors_io import SafetensorsError
 
 

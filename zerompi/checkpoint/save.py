@@ -12,7 +12,7 @@
 
 A kill at any moment leaves `latest` pointing at the previous complete checkpoint: a partial folder
 is never read, and `latest` moves only after the rename. If writing `latest` fails, the checkpoint
-is still complete, and --resume finds it (zerompi/checkpoint/files.py, find_checkpoint). Each "all
+is still complete, and --resume finds it (zerompi/checkpoint/find.py). Each "all
 agree" is one small all-reduce (Communicator.any_failed): if any rank failed (a full disk, a
 missing folder), every rank returns at the same point, so none is left waiting in a collective.
 

@@ -8,7 +8,7 @@
              loss scale and Adam step count, and the same data order (same seed, batch, shuffle:
              required); other settings that shape the rest of the run (steps and the learning-
              rate schedule, accumulation, clipping, data) may change, and the log says so;
-             plain --resume takes the checkpoint find_checkpoint names (zerompi/checkpoint/files.py:
+             plain --resume takes the checkpoint find_checkpoint names (zerompi/checkpoint/find.py:
              `latest`, or the newest verified one when `latest` is missing or stale, said in one line)
     save:    every --save-every steps, at the end, and when preempted (a signal during the
              training loop: zerompi/train/signals.py), into --save-dir
@@ -20,7 +20,8 @@ import numpy as np
 
 from ..devices.device import to_numpy
 from .weights import WeightsError, read_weights
-from .files import CheckpointError, find_checkpoint
+from .files import CheckpointError
+from .find import find_checkpoint
 from .load import load_checkpoint
 from .lock import remove_stale_partials, take_lock
 from .params import held_params, set_layer_params
