@@ -34,8 +34,8 @@ def latest_checkpoint(save_dir):
 
 
 def verified_step_folders(save_dir):
-    """{name: manifest} of save_dir's step folders whose manifests read (read_manifest) and
-    whose step is the one in their name."""
+    """{name: manifest} of save_dir's step folders whose manifests read (read_manifest refuses
+    one whose step is not the one in its folder's name)."""
     try:
         names = os.listdir(save_dir)
     except OSError:
@@ -47,8 +47,7 @@ def verified_step_folders(save_dir):
                 manifest = read_manifest(os.path.join(save_dir, name))
             except CheckpointError:
                 continue
-            if manifest["step"] == step_of(name)[0]:
-                found[name] = manifest
+            found[name] = manifest
     return found
 
 
