@@ -12,11 +12,20 @@ here (weights, exports, manifests, `latest`, the trace); shard files are written
 with O_EXCL (lock.py), and --metrics is appended to line by line (zerompi/train/metrics.py).
 An existing path that is not a regular file (a FIFO, a device such as /dev/null, a folder) is
 refused before anything is written: the rename would replace the node itself.
+
+File modes: every file zerompi creates gets the mode a plain open() would give it, 0o666 narrowed
+by the umask (and by a default ACL on the folder), so that colleagues sharing a project folder
+read the manifests as they read the shards. tempfile.mkstemp would create 0600 whatever the umask,
+so the temporary file is created here with os.open(O_CREAT | O_EXCL, 0o666): the kernel applies
+the umask at creation, and zerompi never reads it (reading it means setting it, os.umask, which
+would race with the threads that MPI and --overlap start).
 """
 import errno
 import os
-import tempfile
+import secrets
 from contextlib import contextmanager
+
+ATTEMPTS = 100               # temporary names tried before giving up (each is 32 random bits)
 
 
 def fsync_folder(folder):
@@ -28,12 +37,25 @@ def fsync_folder(folder):
         os.close(handle)
 
 
+def create_temporary(path):
+    """(handle open for writing, its path) of a new file "<folder>/.<name>.tmp-XXXXXXXX" beside path:
+    O_EXCL, so never an existing file or a planted link; mode 0o666 less the umask, as open() gives."""
+    folder, name = os.path.split(os.path.abspath(path))
+    for _ in range(ATTEMPTS):
+        tmp = os.path.join(folder, f".{name}.tmp-{secrets.token_hex(4)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name in {ATTEMPTS} attempts", path)
+
+
 @contextmanager
 def atomic_file(path, mode="wb"):
     if os.path.lexists(path) and not os.path.isfile(path):           # a FIFO, a device, a folder
         raise OSError(errno.EEXIST, "it exists and is not a regular file", path)
     folder = os.path.dirname(os.path.abspath(path))
-    handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.tmp-")  # O_EXCL: no planted link
+    handle, tmp = create_temporary(path)
     try:
         with open(handle, mode) as f:
             yield f

@@ -67,7 +67,7 @@ def remove_stale_partials(save_dir):
 def _create(path, me):
     """Create the lock holding `me`; False if it exists."""
     try:
-        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # less the umask
     except FileExistsError:
         return False
     except OSError as e:

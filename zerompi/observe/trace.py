@@ -40,11 +40,10 @@ and the run goes on: the weights and checkpoints never depend on it.
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 
-from ..checkpoint.atomic import fsync_folder
+from ..checkpoint.atomic import create_temporary, fsync_folder
 
 FLUSH_EVERY_STEPS = 32           # steps between two gathers of the events to rank 0's file
 
@@ -161,7 +160,7 @@ class TraceFile:
     def __init__(self, path, ranks):
         self.path = path
         self.folder = os.path.dirname(os.path.abspath(path))
-        handle, self.tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{os.path.basename(path)}.tmp-")
+        handle, self.tmp = create_temporary(path)
         self.file = open(handle, "wb")
         self.write(b'{"traceEvents": [\n' + ",\n".join(map(json.dumps, metadata_events(ranks))).encode())
 

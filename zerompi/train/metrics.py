@@ -52,7 +52,7 @@ class MetricsLog:
         if comm.rank == 0:
             flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
             try:                         # O_NONBLOCK: a FIFO without a reader fails at once, never waits
-                self.handle = os.open(path, flags | os.O_NONBLOCK, 0o644)
+                self.handle = os.open(path, flags | os.O_NONBLOCK, 0o666)
                 os.set_blocking(self.handle, True)
             except OSError as e:
                 self.open_error = f"cannot write metrics to {path}: {e.strerror or e}"
