@@ -7,6 +7,9 @@ out, and dropped before the next: memory stays at one tensor, whatever the model
     model tensors       layers.{i}.weight (O, I), layers.{i}.bias (O,)     the stored parameters
     with optimizer:     optimizer.{master,m,v}.layers.{i}.{weight,bias}    fp32 master (mixed
                         precision only), Adam's m and v; metadata holds adam_steps and step
+
+Each tensor is written in its stored dtype (bf16 stays bfloat16), or with as_float32 in float32:
+bf16 and fp16 widen exactly (every value is the same number), float64 rounds to the nearest.
 """
 import numpy as np
 
@@ -27,13 +30,13 @@ def tensor_ranges(manifest):
     return out
 
 
-def _tensors(reader, kinds_and_prefixes):
-    """[(name, shape, dtype)], and a generator of the arrays in that order."""
+def _tensors(reader, kinds_and_prefixes, as_float32=False):
+    """[(name, shape, dtype as written)], and a generator of the arrays, as stored, in that order."""
     specs, sources = [], []
     for kind, prefix in kinds_and_prefixes:
         dtype = reader.kinds[kind]
         for index, name, shape, lo, hi in tensor_ranges(reader.manifest):
-            specs.append((prefix + name, shape, dtype))
+            specs.append((prefix + name, shape, np.dtype(np.float32) if as_float32 else dtype))
             sources.append((index, kind, lo, hi, dtype, shape))
 
     def generate():
@@ -42,12 +45,13 @@ def _tensors(reader, kinds_and_prefixes):
     return specs, generate()
 
 
-def export_safetensors(folder, path, with_optimizer=False):
+def export_safetensors(folder, path, with_optimizer=False, as_float32=False):
+    """Write the safetensors file (write_safetensors converts each tensor to its spec's dtype)."""
     reader = CheckpointReader(folder)
     parts = [("params", "")]
     if with_optimizer:
         parts += [(kind, f"optimizer.{kind}.") for kind in ("master", "m", "v") if kind in reader.kinds]
-    specs, tensors = _tensors(reader, parts)
+    specs, tensors = _tensors(reader, parts, as_float32)
     m = reader.manifest
     metadata = {"format": "zerompi", "step": m["step"], "adam_steps": m["adam_steps"], "dtype": m["dtype"],
                 "sizes": ",".join(map(str, m["sizes"]))}
