@@ -1,7 +1,7 @@
 """Loss curves of ZeRO stages 0-3 from their --metrics files, on top of each other: they coincide.
 
     pip install ".[plot]"
-    python examples/plot_loss.py                          # N = 4, 150 steps -> docs/figures/loss_curves.png
+    python examples/plot_loss.py                          # N = 4, 150 steps -> runs/figures/loss_curves.png
     python examples/plot_loss.py --ranks 2 --steps 20 --out loss.png
 
 Each stage trains the same model from the same seed with
@@ -14,7 +14,9 @@ import argparse
 import os
 import tempfile
 
-from zerompi_runs import finish_figure, read_jsonl, train
+from zerompi_runs import FIGURES, finish_figure, pyplot, read_jsonl, train
+
+DEFAULT_OUT = os.path.join(FIGURES, "loss_curves.png")
 
 STAGE_STYLES = (("tab:gray", "-", 5), ("tab:blue", "--", 3), ("tab:orange", "-.", 2), ("tab:green", ":", 1.5))
 
@@ -31,11 +33,8 @@ def run_stages(num_ranks, steps, folder):
 
 
 def plot(losses, num_ranks, out):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 6))
     for stage, loss in losses.items():
         color, style, width = STAGE_STYLES[stage]
         largest = max(abs(a - b) for a, b in zip(loss, losses[0]))
@@ -44,7 +43,7 @@ def plot(losses, num_ranks, out):
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (global batch)")
-    ax.set_title(f"ZeRO stages 0-3, N = {num_ranks} ranks, float32: the same training run", fontsize=10)
+    ax.set_title(f"ZeRO stages 0-3, N = {num_ranks} ranks, float32: the same training run")
     finish_figure(fig, ax, out)
 
 
@@ -52,7 +51,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--out", default="docs/figures/loss_curves.png")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="the PNG to write (default: %(default)s)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         losses = run_stages(args.ranks, args.steps, folder)

@@ -1,7 +1,7 @@
 """Measured model-state memory per rank against N, for stages 0-3, beside the ZeRO formulas.
 
     pip install ".[plot]"
-    python examples/plot_memory.py                               # N = 1 2 4 8 -> docs/figures/memory_per_rank.png
+    python examples/plot_memory.py                               # N = 1 2 4 8 -> runs/figures/memory_per_rank.png
     python examples/plot_memory.py --ranks 1 2 --out mem.png     # a quicker one
 
 The seed article's table as a figure, from real runs: for each stage and N, one
@@ -12,8 +12,11 @@ rank), the lines the formulas of mixed-precision Adam (P = 2, G = 2, K = 12 byte
     stage 0: 16 Psi      1: 4 Psi + 12 Psi/N      2: 2 Psi + 14 Psi/N      3: 16 Psi/N
 """
 import argparse
+import os
 
-from zerompi_runs import finish_figure, report
+from zerompi_runs import FIGURES, finish_figure, pyplot, report
+
+DEFAULT_OUT = os.path.join(FIGURES, "memory_per_rank.png")
 
 STAGE_COLORS = ("tab:gray", "tab:blue", "tab:orange", "tab:green")
 
@@ -32,25 +35,22 @@ def measure(ranks, hidden, steps):
 
 
 def plot(results, psi, out):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 6))
     for stage, rows in results.items():
         ranks = [n for n, _, _ in rows]
         ax.plot(ranks, [f / 1e6 for _, _, f in rows], "--", color=STAGE_COLORS[stage], linewidth=1)
         ax.plot(ranks, [m / 1e6 for _, m, _ in rows], "o", color=STAGE_COLORS[stage], label=f"stage {stage}")
         for n, measured, _ in rows[stage > 0:]:               # at N = 1 every stage is stage 0
             ax.annotate(f"{measured / 1e6:.2f}", (n, measured / 1e6), textcoords="offset points", xytext=(5, 3),
-                        fontsize=7, color=STAGE_COLORS[stage])
+                        color=STAGE_COLORS[stage])
     ax.set_xscale("log", base=2)
     ax.set_xticks(ranks, [str(n) for n in ranks])
     ax.set_xlim(ranks[0] / 1.2, ranks[-1] * 1.25)
     ax.set_xlabel("ranks N")
     ax.set_ylabel("model state per rank (MB)")
     ax.set_title(f"ZeRO memory per rank, bf16 + fp32 Adam, Psi = {psi:,}\n"
-                 "markers: measured (allocated buffers), dashed: formula", fontsize=10)
+                 "markers: measured (allocated buffers), dashed: formula")
     finish_figure(fig, ax, out)
 
 
@@ -59,7 +59,7 @@ def main():
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--hidden", default="512,512")
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--out", default="docs/figures/memory_per_rank.png")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="the PNG to write (default: %(default)s)")
     args = parser.parse_args()
     results, psi = measure(args.ranks, args.hidden, args.steps)
     for stage, rows in results.items():

@@ -2,7 +2,7 @@
 
     mpirun -n 4 python -m zerompi.train --stage 3 --steps 6 --hidden 512,512 --trace trace.json
     pip install ".[plot]"
-    python examples/plot_timeline.py trace.json                     # -> docs/figures/timeline.png
+    python examples/plot_timeline.py trace.json                     # -> runs/figures/timeline.png
     python examples/plot_timeline.py trace.json --steps 2 3 --out t.png
 
 One row per rank: compute spans (forward, backward, loss, Adam per layer) in the upper lane,
@@ -12,6 +12,11 @@ For zooming, open the same file in https://ui.perfetto.dev.
 """
 import argparse
 import json
+import os
+
+from zerompi_runs import FIGURES, pyplot, save_figure
+
+DEFAULT_OUT = os.path.join(FIGURES, "timeline.png")
 
 COLORS = {"forward": "tab:blue", "backward": "tab:orange", "loss": "tab:purple", "adam": "tab:green",
           "allgather": "tab:red", "reduce_scatter": "tab:brown", "allreduce": "black"}
@@ -33,14 +38,12 @@ def load_spans(path):
 
 
 def plot(spans, steps, first, last, out):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     begin, end = steps[first][0], steps[last][1]
     ranks = sorted(spans)
-    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.6 * len(ranks)))
+    fig, ax = plt.subplots(figsize=(10, 2.0 + 0.8 * len(ranks)))
     for rank in ranks:
         for kind, start, duration, _ in spans[rank]:
             if start + duration < begin or start > end:
@@ -49,24 +52,22 @@ def plot(spans, steps, first, last, out):
             ax.broken_barh([(start - begin, duration)], (lane - 0.15, 0.3), color=COLORS[kind], linewidth=0)
     for step in range(first, last + 1):
         ax.axvline(steps[step][0] - begin, color="gray", linewidth=0.5, linestyle="--")
-        ax.text(steps[step][0] - begin, -0.55, f" step {step}", fontsize=8, color="gray")
+        ax.text(steps[step][0] - begin, -0.55, f" step {step}", color="gray")
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(len(ranks) - 0.4, -0.7)
     ax.set_xlim(0, end - begin)
     ax.set_xlabel("ms (rank 0's step start = 0)")
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], ncol=7, fontsize=8,
-              loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(ranks) > 2 else -0.4), frameon=False)
-    ax.set_title("compute (upper lane) and communication (lower lane) per rank", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=80)
-    print(f"wrote {out}")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], ncol=4,
+              loc="upper center", bbox_to_anchor=(0.5, -0.18 if len(ranks) > 2 else -0.3), frameon=False)
+    ax.set_title("compute (upper lane) and communication (lower lane) per rank")
+    save_figure(fig, out)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"))
-    parser.add_argument("--out", default="docs/figures/timeline.png")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="the PNG to write (default: %(default)s)")
     args = parser.parse_args()
     spans, steps = load_spans(args.trace)
     first, last = args.steps or (max(min(steps), max(steps) - 1), max(steps))

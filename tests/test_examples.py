@@ -1,5 +1,7 @@
-"""The examples in examples/ run as their docstrings say."""
+"""The examples in examples/ run as their docstrings say; the plotting ones write, by default,
+figures 1400 pixels wide or more to a folder git ignores (never over the tracked docs/figures/)."""
 import os
+import struct
 import subprocess
 import sys
 
@@ -41,6 +43,7 @@ def test_compare_stages_example_prints_four_stages():
 # ----------------------------------------------------------------------------------------------
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MIN_WIDTH, MIN_HEIGHT = 1400, 500            # pixels: 10 inches at 150 dpi is 1500
 
 
 def run_example(name, *args, cwd):
@@ -51,27 +54,50 @@ def run_example(name, *args, cwd):
     return result.stdout
 
 
-def assert_png(path):
+def png_size(path):
+    """(width, height) in pixels, from the PNG's IHDR chunk."""
     with open(path, "rb") as f:
-        assert f.read(8) == PNG_MAGIC
+        head = f.read(24)
+    assert head[:8] == PNG_MAGIC and head[12:16] == b"IHDR", path
+    return struct.unpack(">II", head[16:24])
+
+
+def the_default_figure(cwd):
+    """The one PNG an example wrote under cwd without --out: checked readable and, were the example
+    run at the top of this checkout, written where git ignores it (not over a tracked file)."""
+    found = [os.path.relpath(os.path.join(root, name), cwd) for root, _, files in os.walk(cwd)
+             for name in files if name.endswith(".png")]
+    assert len(found) == 1, found
+    width, height = png_size(os.path.join(cwd, found[0]))
+    assert width >= MIN_WIDTH and height >= MIN_HEIGHT, (found[0], width, height)
+    ignored = subprocess.run(["git", "-C", ROOT, "check-ignore", "-q", found[0]], capture_output=True, timeout=30)
+    if ignored.returncode == 128:
+        pytest.skip(f"not a git checkout: {ROOT}")
+    assert ignored.returncode == 0, f"the default output {found[0]} is not ignored by git: it may be a tracked file"
+    return found[0]
 
 
 def test_plot_memory_draws_measured_memory_equal_to_the_formula(tmp_path):
-    out = run_example("plot_memory.py", "--ranks", 1, 2, "--hidden", 16, "--steps", 1, "--out", "m.png", cwd=tmp_path)
+    out = run_example("plot_memory.py", "--ranks", 1, 2, "--hidden", 16, "--steps", 1, cwd=tmp_path)
     rows = [line for line in out.splitlines() if line.startswith("stage ")]
     assert len(rows) == 4
     for row in rows:              # "stage 1: N=1 0.003 MB (formula 0.003), N=2 ..."
         measured = [float(part.split()[1]) for part in row.split(": ", 1)[1].split(", ")]
         formula = [float(part.split("(formula ")[1].rstrip(")")) for part in row.split(", ")]
         assert measured == formula and measured[1] <= measured[0]
-    assert_png(tmp_path / "m.png")
+    assert the_default_figure(tmp_path) == os.path.join("runs", "figures", "memory_per_rank.png")
 
 
 def test_plot_loss_and_timeline_draw_real_runs(tmp_path):
-    run_example("plot_loss.py", "--ranks", 2, "--steps", 8, "--out", "loss.png", cwd=tmp_path)
-    assert_png(tmp_path / "loss.png")
+    (tmp_path / "loss").mkdir()
+    run_example("plot_loss.py", "--ranks", 2, "--steps", 8, cwd=tmp_path / "loss")
+    assert the_default_figure(tmp_path / "loss") == os.path.join("runs", "figures", "loss_curves.png")
+    work = tmp_path / "timeline"
+    work.mkdir()
     subprocess.run([mpirun(), "-n", "2", sys.executable, "-m", "zerompi.train", "--steps", "3", "--hidden", "16",
                     "--log-every", "0", "--report", "none", "--trace", "t.json"],
-                   cwd=tmp_path, check=True, capture_output=True, timeout=120)
-    run_example("plot_timeline.py", "t.json", "--out", "timeline.png", cwd=tmp_path)
-    assert_png(tmp_path / "timeline.png")
+                   cwd=work, check=True, capture_output=True, timeout=120)
+    run_example("plot_timeline.py", "t.json", cwd=work)
+    assert the_default_figure(work) == os.path.join("runs", "figures", "timeline.png")
+    run_example("plot_timeline.py", "t.json", "--out", "a/b/t.png", cwd=work)       # --out: its folder created
+    assert png_size(work / "a" / "b" / "t.png")[0] >= MIN_WIDTH
