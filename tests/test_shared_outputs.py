@@ -140,7 +140,8 @@ def test_bf16_export_loads_with_safetensors_numpy_only_after_ml_dtypes_and_float
     widened = load_in_fresh_python(tmp_path / "f32.safetensors", tmp_path / "b.npz")
     assert widened.returncode == 0 and widened.stdout.strip() == "['float32'] False", widened.stderr
 
-    bf16, f32, saved = load_weights(tmp_path / "a.npz"), load_weights(tmp_path / "b.npz"), load_weights(bf16_run / "w.npz")
+    bf16, f32 = load_weights(tmp_path / "a.npz"), load_weights(tmp_path / "b.npz")
+    saved = load_weights(bf16_run / "w.npz")                   # the run's --save-weights: bf16 widened
     assert sorted(f32) == sorted(bf16) + sorted(f"optimizer.{k}.{n}" for k in ("m", "master", "v") for n in bf16)
     for name in bf16:                            # bf16 -> float32 is exact: the same numbers, bit for bit
         assert np.array_equal(f32[name].view(np.uint32), bf16[name].view(np.uint32)), name
@@ -152,7 +153,8 @@ def test_bf16_export_loads_with_safetensors_numpy_only_after_ml_dtypes_and_float
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("command, output, says", [
-    ("export", "out.npz", "consolidate"), ("export", "out", ".safetensors"), ("export", "out.SAFETENSORS", ".safetensors"),
+    ("export", "out.npz", "consolidate"), ("export", "out", ".safetensors"),
+    ("export", "out.SAFETENSORS", ".safetensors"),
     ("consolidate", "out.safetensors", "export"), ("consolidate", "out.json", ".npz"),
     ("export", "existing.npz", "consolidate")])
 def test_an_output_whose_suffix_is_not_the_commands_format_is_refused(command, output, says, bf16_run, tmp_path):

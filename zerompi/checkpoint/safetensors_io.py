@@ -15,8 +15,10 @@ begins at 0, each begins where the previous ends (no overlap, no gap), and the l
 end of the file. The file is opened only if it is a regular file (zerompi/inputs.py).
 
 The header is computed first from the names, shapes and dtypes, so the data can then be streamed:
-no more than one tensor is ever in memory. The file is written atomically (zerompi/checkpoint/atomic.py). bfloat16 is stored as "BF16" (its raw 16-bit words), which PyTorch and
-JAX read natively; this reader returns it as ml_dtypes.bfloat16.
+no more than one tensor is ever in memory. The file is written atomically
+(zerompi/checkpoint/atomic.py). bfloat16 is stored as "BF16" (its raw 16-bit words), which PyTorch
+and JAX read natively; this reader returns it as ml_dtypes.bfloat16, and safetensors.numpy reads it
+only once ml_dtypes is imported (it registers bfloat16 with NumPy).
 """
 import json
 import math
