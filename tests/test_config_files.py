@@ -10,7 +10,7 @@ import os
 import pytest
 
 from test_cli import train_ok, load_weights
-from zerompi.train.config import ArgumentError, TrainConfig, device_choice, parse_args
+from zerompi.train.config import ArgumentError, TrainConfig, device_choice, parse_args, resolve_batch
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -29,8 +29,9 @@ def error_of(argv, num_ranks=1):
 
 
 def test_example_toml_maps_every_key_and_the_command_line_wins():
-    cfg = parse_args(["--config", os.path.join(EXAMPLES, "train.toml")])
-    assert (cfg.stage, cfg.hidden, cfg.batch_size, cfg.grad_accum, cfg.steps) == (2, (128, 128), 128, 2, 200)
+    cfg = parse_args(["--config", os.path.join(EXAMPLES, "train.toml")], num_ranks=4)
+    assert (cfg.stage, cfg.hidden, cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum, cfg.steps) == \
+           (2, (128, 128), 128, 16, 2, 200)
     assert (cfg.lr, cfg.clip_norm, cfg.dtype, cfg.seed, cfg.log_every) == (3e-3, 1.0, "bf16", 1, 50)
     assert (cfg.check_collectives, cfg.collective_timeout) == (False, 300.0)
     cfg = parse_args(["--stage", "1", "--config", os.path.join(EXAMPLES, "train.toml"), "--check-collectives"])
@@ -330,25 +331,23 @@ def test_an_impossible_combination_names_the_nearest_valid_values(flags, n, mess
     assert error_of(flags, num_ranks=n) == message
 
 
-def test_a_suggested_value_is_valid(tmp_path):
-    """Every value an error suggests resolves on the same N."""
+def test_every_suggested_value_is_valid():
+    """Every value an error suggests resolves on the same N: a --batch-size with the given
+    --grad-accum, a --grad-accum with the given --batch-size, a --micro-batch-size alone."""
     for G in range(1, 200):
         for n in (3, 6, 7, 8):
             for M in (None, 2, 3):
-                argv = ["--batch-size", str(G)] + ([] if M is None else ["--grad-accum", str(M)])
                 try:
-                    parse_args(argv, num_ranks=n)
+                    resolve_batch(G, None, M, n)
                     continue
                 except ArgumentError as e:
-                    message = str(e)
-                suggestions = message.split(": use ")[1].split(", or ")
+                    suggestions = str(e).split(": use ")[1].split(", or ")
                 for suggestion in suggestions:
                     flag, values = suggestion.split(" ", 1)
-                    for value in values.split(" or "):
-                        fixed = ["--batch-size", value] if flag == "--batch-size" else [flag, value]
-                        kept = argv[2:] if flag == "--batch-size" else ([] if flag != "--grad-accum" else [])
-                        given = fixed + kept + (argv[:2] if flag == "--grad-accum" else [])
-                        parse_args(given, num_ranks=n)        # raises if the suggestion is wrong
+                    for value in map(int, values.split(" or ")):
+                        given = {"--batch-size": (value, None, M), "--grad-accum": (G, None, value),
+                                 "--micro-batch-size": (None, value, None)}[flag]
+                        resolve_batch(*given, n)                  # raises if the suggestion is wrong
 
 
 def test_a_toml_and_a_deepspeed_file_go_through_the_same_rule(tmp_path):
