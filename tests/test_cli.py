@@ -218,8 +218,7 @@ _toml_invalid = _write("run.toml", "stage = \n")
 _toml_bad_value = _write("run.toml", 'lr = "fast"\n')
 _ds_unsupported = _write("ds.json", '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},'
                                     ' "optimizer": {"type": "Lamb"}, "wall_clock_breakdown": false}')
-_ds_inconsistent = _write("ds.json", '{"train_batch_size": 100, "train_micro_batch_size_per_gpu": 4,'
-                                     ' "gradient_accumulation_steps": 1}')
+_ds_inconsistent = _write("ds.json", '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}')
 _ds_invalid = _write("ds.json", '{"zero_optimization": {"stage": 2},}')
 _ds_enabled_string = _write("ds.json", '{"fp16": {"enabled": "false"}}')
 _ds_nested_deep = _write("ds.json", "[" * 100_000 + "]" * 100_000)
@@ -243,7 +242,8 @@ BAD_INPUTS = [
     ("batch-negative", ["--batch-size", -4], "--batch-size must be positive", None, (3,)),
     ("hidden-zero", ["--hidden", "0,5"], "widths must be positive", None, (3,)),
     ("hidden-abc", ["--hidden", "abc"], "expected comma-separated integers", None, (3, 1)),
-    ("batch-not-divisible", ["--batch-size", 10], "cannot be split evenly over 3 ranks", None, (3,)),
+    ("batch-not-divisible", ["--batch-size", 10], "--batch-size 10 cannot be split over 3 ranks x 1 micro-batch: "
+     "use --batch-size 9 or 12, or --micro-batch-size 3", None, (3,)),
     ("dtype-int8", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'", None, (3,)),
     ("grad-accum-0", ["--grad-accum", 0], "--grad-accum must be positive", None, (3,)),
     ("batch-not-divisible-by-micro-batches", ["--grad-accum", 5], "over 3 ranks x 5 micro-batches", None, (3,)),
@@ -278,9 +278,10 @@ BAD_INPUTS = [
     ("config-bad-value", ["--config", "{input}"], "run.toml: lr='fast' must be a number",
      _toml_bad_value, (3,)),
     ("deepspeed-unsupported", ["--deepspeed-config", "{input}"], "unsupported DeepSpeed settings: "
-     "wall_clock_breakdown, zero_optimization.offload_optimizer, optimizer.type='Lamb'", _ds_unsupported, (3,)),
-    ("deepspeed-inconsistent-batch", ["--config", "{input}"], "inconsistent batch sizes: train_batch_size 100",
-     _ds_inconsistent, (3,)),
+     "zero_optimization.offload_optimizer.device='cpu' (zerompi does not offload: 'none'), optimizer.type='Lamb'",
+     _ds_unsupported, (3,)),
+    ("deepspeed-inconsistent-batch", ["--config", "{input}"], "--batch-size 12, --micro-batch-size 4 and "
+     "--grad-accum 2 disagree on 3 ranks", _ds_inconsistent, (3,)),
     ("deepspeed-invalid-json", ["--config", "{input}"], "ds.json is not valid JSON", _ds_invalid, (3,)),
     ("config-and-deepspeed", ["--config", "a.toml", "--deepspeed-config", "b.json"], "choose one", None, (3,)),
     ("device-unknown", ["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from 'auto', 'cpu', "
@@ -359,19 +360,111 @@ def test_help_prints_usage_once_and_exits_0(tmp_path):
 
 def test_help_is_grouped_with_choices_switches_and_defaults():
     """--help comes from TrainConfig's fields: a group per topic, enumerations as {choices},
-    booleans as --x/--no-x, and "(default: ...)" wherever the default is not empty."""
+    booleans as --x/--no-x, and "(default: ...)" wherever there is a default to show."""
     from zerompi.train.config import build_parser
     text = " ".join(build_parser().format_help().split())          # unwrapped
-    for group in ("config files:", "model and data:", "optimizer and schedule:", "ZeRO and communication:",
-                  "precision:", "checkpoints:", "output and observability:", "guards:"):
-        assert group in text, group
+    groups = ["config files:", "model:", "data and batches:", "optimizer and schedule:", "precision:",
+              "ZeRO and communication:", "checkpoints:", "output:", "exit status"]
+    assert [text.index(group) for group in groups] == sorted(text.index(group) for group in groups)
     for flag in ("--stage {0,1,2,3}", "--dtype {float32,float64,bf16,fp16}", "--lr-schedule {constant,cosine}",
                  "--report {table,json,none}", "--device {auto,cpu,gpu}", "--comm {mpi,nccl}",
                  "--progress {auto,live,lines}", "--overlap, --no-overlap", "--shuffle, --no-shuffle",
-                 "--check-collectives, --no-check-collectives"):
+                 "--check-collectives, --no-check-collectives", "--version"):
         assert flag in text, flag
-    assert "partitioned (default: 3)" in text and "(default: )" not in text
-    assert "exit status: 0 ok, 1 failed, 2 bad input, 3 diverged, 4 preempted" in text
+    assert "partitioned (default: 3)" in text
+    assert "(default: --no-overlap)" in text and "(default: --shuffle)" in text      # a switch shows as itself
+    for empty in ("(default: )", "(default: None)", "(default: False)", "(default: True)"):
+        assert empty not in text, empty
+    batch = text[text.index("--batch-size ROWS"):text.index("optimizer and schedule:")]
+    assert "(default:" not in batch and batch.count("Not given:") == 3      # each says what happens instead
+
+
+def test_help_ends_with_every_exit_status_and_environment_variable():
+    from zerompi.exit_codes import ExitCode
+    from zerompi.train.config import build_parser
+    from zerompi.train.environment import ENVIRONMENT
+    text = build_parser().format_help()
+    epilog = text[text.index("exit status"):]
+    for code in ExitCode:
+        assert re.search(rf"^ +{code.value}  {code.name.lower().replace('_', ' ')}: \S", epilog, re.M), code
+    for names, _ in ENVIRONMENT:
+        for name in names:
+            assert name in epilog, name
+
+
+def test_help_fits_80_columns():
+    env = dict(os.environ, COLUMNS="80")
+    text = subprocess.run([sys.executable, "-c", "from zerompi.train.config import build_parser; "
+                           "build_parser().print_help()"], env=env, capture_output=True, text=True,
+                          timeout=60).stdout
+    assert text.startswith("usage:") and max(map(len, text.splitlines())) <= 80
+
+
+ENVIRONMENT_READ = re.compile(r"""(?:environ\.get|environ\[|getenv)\(?\s*["']([A-Za-z_][A-Za-z0-9_]*)["']""")
+VARIABLE_NAME = re.compile(r"""["']((?:OMP|PMI|PMIX|OMPI|MPI|PALS|SLURM|ZEROMPI|CUDA|NCCL|I_MPI|MPICH)_[A-Z0-9_]+)["']""")
+
+
+def test_every_environment_variable_zerompi_reads_is_in_the_help_table():
+    """A read written as environ.get("X") / environ["X"] / getenv("X"), and any quoted whole name of
+    the launchers' and zerompi's families (the tables of names read in a loop) in a module that
+    reads the environment, must be in zerompi/train/environment.py's table."""
+    from zerompi.train.environment import ENVIRONMENT
+    listed = {name for names, _ in ENVIRONMENT for name in names}
+    package = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "zerompi")
+    found = {}
+    for root, _, files in os.walk(package):
+        for name in files:
+            if name.endswith(".py") and name != "environment.py":
+                with open(os.path.join(root, name)) as f:
+                    source = f.read()
+                names = set(ENVIRONMENT_READ.findall(source))
+                if "environ" in source or "getenv" in source:
+                    names |= set(VARIABLE_NAME.findall(source))
+                for variable in names:
+                    found.setdefault(variable, os.path.relpath(os.path.join(root, name), package))
+    assert found, "the scan found no environment read at all"
+    assert {"OMP_NUM_THREADS", "PMI_SIZE", "SLURM_LOCALID", "ZEROMPI_CUDA_AWARE"} <= set(found)
+    missing = {variable: where for variable, where in found.items() if variable not in listed}
+    assert not missing, f"read but not listed in zerompi/train/environment.py: {missing}"
+
+
+def test_version_is_pyprojects(tmp_path):
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    import zerompi
+    from zerompi.train.version import version_text, zerompi_version
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        declared = tomllib.load(f)["project"]["version"]
+    assert zerompi.__version__ == declared == zerompi_version()
+    assert version_text().splitlines()[0] == f"zerompi {declared}"
+
+
+# MPICH's processes find their process manager through PMI_PORT: a port nobody listens on makes
+# MPI_Init fail at once, as on a login node without a working launcher
+BROKEN_PMI = {"PMI_PORT": "127.0.0.1:1", "PMI_RANK": "0", "PMI_SIZE": "1"}
+
+
+def test_help_and_version_work_where_mpi_cannot_start(tmp_path):
+    env = dict(os.environ, **BROKEN_PMI)
+    broken = subprocess.run([sys.executable, "-c", "from mpi4py import MPI"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert broken.returncode != 0, "this environment does not break MPI_Init: the test would prove nothing"
+    for flag, says in (("--help", "usage: mpirun -n N python -m zerompi.train"), ("--version", "zerompi ")):
+        run = subprocess.run([sys.executable, "-X", "importtime", "-m", "zerompi.train", flag], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.startswith(says), run.stdout
+        assert "mpi4py.MPI" not in run.stderr                      # -X importtime lists every import
+    assert files_under(tmp_path) == []
+
+
+def test_version_prints_once_under_mpirun_and_names_the_versions(tmp_path):
+    import mpi4py
+    run = launch(3, "--version", cwd=tmp_path)
+    assert run.returncode == 0, run.describe()
+    assert run.stdout.count("zerompi ") == 1, run.describe()
+    assert f"NumPy {np.__version__}, mpi4py {mpi4py.__version__}" in run.stdout
+    assert "MPI library (as mpi4py would load it): " in run.stdout
 
 
 def test_exit_statuses_keep_their_numbers():
@@ -559,6 +652,29 @@ def test_default_run_prints_progress_accuracy_and_ledger(tmp_path):
     assert run.stdout.count("Communication per rank") == 1
     assert "ZeRO stage 3 on 2 ranks" in run.stdout
     assert files_under(tmp_path) == []
+
+
+@pytest.mark.timeout(4 * TIMEOUT)
+@pytest.mark.parametrize("n", [3, 5, 6, 7])
+def test_the_default_command_runs_on_rank_counts_that_do_not_divide_128(n, tmp_path):
+    """No batch option: 16 rows per rank, so the global batch is 16 N."""
+    run = train_ok(n, "--steps", 5, "--log-every", 0, "--report", "none", cwd=tmp_path)
+    assert f"global batch {16 * n} = {n} ranks x 1 micro-batches x 16 rows" in run.stdout, run.describe()
+    assert files_under(tmp_path) == []
+
+
+def test_resuming_a_default_batch_run_on_another_n_says_how_to_continue(tmp_path):
+    """The global batch came from the default micro-batch, so it changes with N; a checkpoint keeps
+    its data order only with its own global batch: the resumed run says which, and runs with it."""
+    common = ["--hidden", 8, "--log-every", 0, "--report", "none", "--save-dir", "ck"]
+    train_ok(2, "--steps", 2, *common, cwd=tmp_path)                               # global batch 32
+    run = launch(3, "--steps", 4, *common, "--resume", cwd=tmp_path)                # 48: refused
+    assert run.returncode == 2, run.describe()
+    error_line = next(line for line in run.output.splitlines() if ERROR_MARK in line)
+    assert "--batch-size 32, this run has 48" in error_line, run.describe()
+    run = train_ok(4, "--steps", 4, *common, "--resume", "--batch-size", 32, cwd=tmp_path)
+    assert "global batch 32 = 4 ranks x 1 micro-batches x 8 rows" in run.stdout, run.describe()
+    assert "resumed from" in run.stdout and "at step 2" in run.stdout, run.describe()
 
 
 def test_the_main_job_reaches_95_percent_on_the_held_out_digits(tmp_path):

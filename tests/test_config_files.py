@@ -10,7 +10,7 @@ import os
 import pytest
 
 from test_cli import train_ok, load_weights
-from zerompi.train.config import ArgumentError, TrainConfig, device_choice, parse_args
+from zerompi.train.config import ArgumentError, TrainConfig, device_choice, parse_args, resolve_batch
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -29,8 +29,9 @@ def error_of(argv, num_ranks=1):
 
 
 def test_example_toml_maps_every_key_and_the_command_line_wins():
-    cfg = parse_args(["--config", os.path.join(EXAMPLES, "train.toml")])
-    assert (cfg.stage, cfg.hidden, cfg.batch_size, cfg.grad_accum, cfg.steps) == (2, (128, 128), 128, 2, 200)
+    cfg = parse_args(["--config", os.path.join(EXAMPLES, "train.toml")], num_ranks=4)
+    assert (cfg.stage, cfg.hidden, cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum, cfg.steps) == \
+           (2, (128, 128), 128, 16, 2, 200)
     assert (cfg.lr, cfg.clip_norm, cfg.dtype, cfg.seed, cfg.log_every) == (3e-3, 1.0, "bf16", 1, 50)
     assert (cfg.check_collectives, cfg.collective_timeout) == (False, 300.0)
     cfg = parse_args(["--stage", "1", "--config", os.path.join(EXAMPLES, "train.toml"), "--check-collectives"])
@@ -49,12 +50,15 @@ def test_toml_booleans_set_switches(tmp_path):
 def test_example_deepspeed_config_maps_every_key():
     cfg = parse_args(["--config", os.path.join(EXAMPLES, "ds_config.json")], num_ranks=4)
     assert cfg.stage == 3 and cfg.dtype == "bf16"
-    assert (cfg.batch_size, cfg.grad_accum) == (16 * 2 * 4, 2)          # micro x accumulation x N
+    assert (cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum) == (16 * 2 * 4, 16, 2)   # micro x accum x N
     assert (cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay) == (0.003, 0.9, 0.999, 1e-8, 0.01)
     assert (cfg.clip_norm, cfg.lr_schedule, cfg.warmup_steps, cfg.steps) == (1.0, "cosine", 20, 200)
     assert cfg.min_lr == pytest.approx(0.1 * 0.003) and cfg.log_every == 50
-    assert parse_args(["--deepspeed-config", os.path.join(EXAMPLES, "ds_config.json"), "--grad-accum", "1"],
-                      num_ranks=2).batch_size == 64                   # N = 2; the flag wins
+    # each key is its flag's value and the command line wins per flag: the file's micro-batch of 16
+    # with --grad-accum 1 on 2 ranks
+    cfg = parse_args(["--deepspeed-config", os.path.join(EXAMPLES, "ds_config.json"), "--grad-accum", "1"],
+                     num_ranks=2)
+    assert (cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum) == (32, 16, 1)
 
 
 def test_deepspeed_batch_sizes_are_derived_like_deepspeed_and_checked(tmp_path):
@@ -63,9 +67,11 @@ def test_deepspeed_batch_sizes_are_derived_like_deepspeed_and_checked(tmp_path):
     assert (cfg.batch_size, cfg.grad_accum) == (96, 4)
     ds = write(tmp_path, "b.json", {"train_batch_size": 100, "train_micro_batch_size_per_gpu": 8,
                                     "gradient_accumulation_steps": 4})
-    message = error_of(["--config", ds], num_ranks=3)
-    assert "inconsistent batch sizes: train_batch_size 100 != train_micro_batch_size_per_gpu 8 x " \
-           "gradient_accumulation_steps 4 x 3 ranks = 96" in message
+    assert error_of(["--config", ds], num_ranks=3) == (
+        "--batch-size 100, --micro-batch-size 8 and --grad-accum 4 disagree on 3 ranks: 8 x 4 x 3 = 96; "
+        "use --batch-size 96, or give only two of the three")
+    ds = write(tmp_path, "c.json", {"train_batch_size": 0})
+    assert error_of(["--config", ds]) == f"{ds}: train_batch_size=0 must be a positive integer"
 
 
 def test_deepspeed_fp16_and_warmup_lr(tmp_path):
@@ -88,9 +94,10 @@ def test_every_unsupported_deepspeed_setting_is_named_in_one_message(tmp_path):
         "wall_clock_breakdown": False})
     message = error_of(["--deepspeed-config", ds])
     assert message.startswith(f"{ds}: unsupported DeepSpeed settings: ")
-    for name in ("wall_clock_breakdown", "zero_optimization.offload_optimizer", "zero_optimization.overlap_comm",
-                 "fp16.hysteresis=2", "optimizer.type='Lamb'", "scheduler.params.warmup_type='log'"):
+    for name in ("zero_optimization.offload_optimizer.device='cpu'", "fp16.hysteresis=2", "optimizer.type='Lamb'",
+                 "scheduler.params.warmup_type='log'"):
         assert name in message, (name, message)
+    assert "wall_clock_breakdown" not in message and "overlap_comm" not in message     # accepted, mapped
 
 
 def test_toml_unknown_keys_and_bad_values_name_the_file(tmp_path):
@@ -180,7 +187,9 @@ AUTO_KEYS = [("train_batch_size",), ("train_micro_batch_size_per_gpu",), ("gradi
 
 
 @pytest.mark.parametrize("key", AUTO_KEYS, ids=".".join)
-def test_auto_is_refused_with_a_line_saying_zerompi_does_not_resolve_it(tmp_path, key):
+def test_auto_is_what_the_command_line_or_the_default_says(tmp_path, key):
+    """"auto" reads as if the key were absent: the run has the flags' defaults (the batch: the
+    default micro-batch), and the command line's values where it gives them."""
     ds = {"optimizer": {"type": "AdamW", "params": {}},
           "scheduler": {"type": "WarmupLR" if key[-1] != "total_num_steps" else "WarmupCosineLR",
                         "params": {"warmup_type": "linear"}}}
@@ -189,13 +198,51 @@ def test_auto_is_refused_with_a_line_saying_zerompi_does_not_resolve_it(tmp_path
         table = table.setdefault(part, {})
     table[key[-1]] = "auto"
     path = write(tmp_path, "ds.json", ds)
-    assert error_of(["--deepspeed-config", path]) == (f'{path}: {".".join(key)} is "auto": zerompi does not resolve '
-                                                      f'"auto" yet; give a value')
+    cfg = parse_args(["--deepspeed-config", path], num_ranks=3)
+    default = TrainConfig()
+    for name in ("dtype", "clip_norm", "lr", "beta1", "beta2", "eps", "weight_decay", "warmup_steps"):
+        assert getattr(cfg, name) == getattr(default, name), name
+    assert cfg.steps == default.steps and (cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum) == (48, 16, 1)
+    given = ["--dtype", "bf16", "--clip-norm", "0.5", "--lr", "0.01", "--beta1", "0.8", "--eps", "1e-6",
+             "--weight-decay", "0", "--warmup-steps", "3", "--steps", "40", "--batch-size", "12", "--grad-accum", "2"]
+    cfg = parse_args(["--deepspeed-config", path, *given], num_ranks=3)
+    assert (cfg.dtype, cfg.clip_norm, cfg.lr, cfg.beta1, cfg.eps, cfg.weight_decay, cfg.warmup_steps, cfg.steps) == \
+           ("bf16", 0.5, 0.01, 0.8, 1e-6, 0.0, 3, 40)
+    assert (cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum) == (12, 2, 2)
 
 
-def test_auto_where_deepspeed_does_not_take_it_is_a_wrong_type(tmp_path):
-    path = write(tmp_path, "ds.json", {"zero_optimization": {"stage": "auto"}})
-    assert error_of(["--deepspeed-config", path]) == f"{path}: zero_optimization.stage='auto' must be an integer"
+def test_fp16_enabled_auto_follows_dtype_and_then_its_loss_scale_keys_apply(tmp_path):
+    path = write(tmp_path, "ds.json", {"fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 10,
+                                                "loss_scale_window": 300, "hysteresis": 1, "min_loss_scale": 2}})
+    cfg = parse_args(["--deepspeed-config", path])
+    assert cfg.dtype == "float32" and cfg.loss_scale == TrainConfig.loss_scale       # fp16 off: not read
+    cfg = parse_args(["--deepspeed-config", path, "--dtype", "fp16"])
+    assert (cfg.dtype, cfg.loss_scale, cfg.loss_scale_window, cfg.min_loss_scale) == ("fp16", 1024.0, 300, 2.0)
+    path = write(tmp_path, "hysteresis.json", {"fp16": {"enabled": "auto", "hysteresis": 2}})
+    assert parse_args(["--deepspeed-config", path]).dtype == "float32"
+    assert error_of(["--deepspeed-config", path, "--dtype", "fp16"]) == (
+        f"{path}: unsupported DeepSpeed settings: fp16.hysteresis=2 (zerompi halves the scale at every overflow: 1)")
+
+
+def test_a_cosine_floor_is_a_ratio_of_the_lr_the_run_has(tmp_path):
+    path = write(tmp_path, "ds.json", {"optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+                                       "scheduler": {"type": "WarmupCosineLR", "params": {
+                                           "warmup_type": "linear", "cos_min_ratio": 0.1}}})
+    assert parse_args(["--deepspeed-config", path]).min_lr == pytest.approx(0.1 * TrainConfig.lr)
+    assert parse_args(["--deepspeed-config", path, "--lr", "0.02"]).min_lr == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("ds, named", [
+    ({"zero_optimization": {"stage": "auto"}}, "zero_optimization.stage"),
+    ({"optimizer": {"type": "auto"}}, "optimizer.type"),
+    ({"fp16": {"enabled": True, "loss_scale_window": "auto"}}, "fp16.loss_scale_window"),
+    ({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_type": "linear", "cos_min_ratio": "auto"}}},
+     "scheduler.params.cos_min_ratio"),
+])
+def test_auto_that_nothing_decides_is_one_line_naming_the_key(tmp_path, ds, named):
+    path = write(tmp_path, "ds.json", ds)
+    assert error_of(["--deepspeed-config", path]) == (f'{path}: {named} is "auto", which neither the command line '
+                                                      f'nor the data decides in zerompi: give a value')
 
 
 def test_a_toml_switch_needs_a_boolean(tmp_path):
@@ -230,3 +277,241 @@ def test_a_key_with_a_line_break_is_named_on_one_line(tmp_path):
     path = write(tmp_path, "ds.json", {"bad\nkey": 1})
     message = error_of(["--deepspeed-config", path])
     assert "\n" not in message and "'bad\\nkey'" in message
+
+
+# ----------------------------------------------------------------------------------------------
+# The batch sizes: one rule (zerompi/train/config.py's resolve_batch) for flags, TOML and DeepSpeed
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_no_batch_option_gives_16_rows_per_rank_on_any_n(n):
+    cfg = parse_args([], num_ranks=n)
+    assert (cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum) == (16 * n, 16, 1)
+    assert cfg.batch_size <= 1497              # the shipped digits' training rows (BatchSchedule's limit)
+
+
+@pytest.mark.parametrize("flags, n, resolved", [
+    (["--batch-size", "48"], 3, (48, 16, 1)),                                   # only the global batch
+    (["--micro-batch-size", "5"], 3, (15, 5, 1)),                               # only the micro-batch
+    (["--grad-accum", "3"], 2, (96, 16, 3)),                                    # only the accumulation
+    (["--batch-size", "48", "--grad-accum", "2"], 3, (48, 8, 2)),               # global and accumulation
+    (["--batch-size", "48", "--micro-batch-size", "4"], 3, (48, 4, 4)),         # global and micro-batch
+    (["--micro-batch-size", "4", "--grad-accum", "3"], 5, (60, 4, 3)),          # micro-batch and accumulation
+    (["--batch-size", "60", "--micro-batch-size", "4", "--grad-accum", "3"], 5, (60, 4, 3)),   # all three agree
+])
+def test_any_two_batch_options_decide_the_third(flags, n, resolved):
+    cfg = parse_args(flags, num_ranks=n)
+    assert (cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum) == resolved
+
+
+def test_the_global_batch_given_is_kept_on_every_n():
+    """What makes results independent of N: only the per-rank rows change."""
+    for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 48):
+        cfg = parse_args(["--batch-size", "48"], num_ranks=n)
+        assert (cfg.batch_size, cfg.micro_batch_size * n, cfg.grad_accum) == (48, 48, 1)
+
+
+@pytest.mark.parametrize("flags, n, message", [
+    (["--batch-size", "128"], 6, "--batch-size 128 cannot be split over 6 ranks x 1 micro-batch: use --batch-size "
+                                 "126 or 132, or --micro-batch-size 21"),
+    (["--batch-size", "120", "--grad-accum", "2"], 8, "--batch-size 120 cannot be split over 8 ranks x 2 "
+     "micro-batches: use --batch-size 112 or 128, or --grad-accum 1 or 3"),
+    (["--batch-size", "4"], 8, "--batch-size 4 cannot be split over 8 ranks x 1 micro-batch: use --batch-size 8"),
+    (["--batch-size", "96", "--micro-batch-size", "5"], 3, "--batch-size 96 is no whole number of micro-batches "
+     "of 5 rows on 3 ranks: use --batch-size 90 or 105, or --micro-batch-size 4 or 8"),
+    (["--batch-size", "100", "--micro-batch-size", "8"], 3, "--batch-size 100 is no whole number of micro-batches "
+     "of 8 rows on 3 ranks: use --batch-size 96 or 120"),
+    (["--batch-size", "100", "--micro-batch-size", "8", "--grad-accum", "4"], 3, "--batch-size 100, "
+     "--micro-batch-size 8 and --grad-accum 4 disagree on 3 ranks: 8 x 4 x 3 = 96; use --batch-size 96, or give "
+     "only two of the three"),
+    (["--micro-batch-size", "0"], 2, "--micro-batch-size must be positive, got 0"),
+    (["--grad-accum", "-1"], 2, "--grad-accum must be positive, got -1"),
+])
+def test_an_impossible_combination_names_the_nearest_valid_values(flags, n, message):
+    assert error_of(flags, num_ranks=n) == message
+
+
+def test_every_suggested_value_is_valid():
+    """Every value an error suggests resolves on the same N: a --batch-size with the given
+    --grad-accum, a --grad-accum with the given --batch-size, a --micro-batch-size alone."""
+    for G in range(1, 200):
+        for n in (3, 6, 7, 8):
+            for M in (None, 2, 3):
+                try:
+                    resolve_batch(G, None, M, n)
+                    continue
+                except ArgumentError as e:
+                    suggestions = str(e).split(": use ")[1].split(", or ")
+                for suggestion in suggestions:
+                    flag, values = suggestion.split(" ", 1)
+                    for value in map(int, values.split(" or ")):
+                        given = {"--batch-size": (value, None, M), "--grad-accum": (G, None, value),
+                                 "--micro-batch-size": (None, value, None)}[flag]
+                        resolve_batch(*given, n)                  # raises if the suggestion is wrong
+
+
+def test_a_toml_and_a_deepspeed_file_go_through_the_same_rule(tmp_path):
+    toml = write(tmp_path, "run.toml", "micro-batch-size = 4\ngrad-accum = 2\n")
+    ds = write(tmp_path, "ds.json", {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})
+    for path in (toml, ds):
+        cfg = parse_args(["--config", path], num_ranks=3)
+        assert (cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum) == (24, 4, 2)
+        assert error_of(["--config", path, "--batch-size", "12"], num_ranks=3).startswith(
+            "--batch-size 12, --micro-batch-size 4 and --grad-accum 2 disagree on 3 ranks")
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepSpeed configs as published: the ZeRO-1/2/3 examples of DeepSpeed's and Hugging Face's
+# documentation, keys and values copied as they are there
+# ----------------------------------------------------------------------------------------------
+
+# https://www.deepspeed.ai/tutorials/zero/ ("Training a 1.5B Parameter GPT-2 model")
+DEEPSPEED_TUTORIAL_ZERO1 = {"zero_optimization": {"stage": 1, "reduce_bucket_size": 5e8}}
+# https://www.deepspeed.ai/tutorials/zero/ ("Training a 10B Parameter GPT-2 model")
+DEEPSPEED_TUTORIAL_ZERO2 = {"zero_optimization": {"stage": 2, "contiguous_gradients": True, "overlap_comm": True,
+                                                  "reduce_scatter": True, "reduce_bucket_size": 5e8,
+                                                  "allgather_bucket_size": 5e8}}
+# https://www.deepspeed.ai/tutorials/zero/ ("Offloading to CPU and NVMe with ZeRO-Infinity")
+DEEPSPEED_TUTORIAL_ZERO3_OFFLOAD = {"zero_optimization": {
+    "stage": 3, "contiguous_gradients": True, "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+    "stage3_prefetch_bucket_size": 1e7, "stage3_param_persistence_threshold": 1e5, "reduce_bucket_size": 1e7,
+    "sub_group_size": 1e9, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
+# https://huggingface.co/docs/transformers/deepspeed ("ZeRO-1")
+TRANSFORMERS_DOCS_ZERO1 = {"zero_optimization": {"stage": 1}}
+# https://github.com/huggingface/transformers/blob/main/tests/deepspeed/ds_config_zero2.json (the ZeRO-2
+# config the Transformers DeepSpeed docs run)
+TRANSFORMERS_ZERO2 = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "allgather_partitions": True, "allgather_bucket_size": 2e8, "overlap_comm": True,
+                          "reduce_scatter": True, "reduce_bucket_size": 2e8, "contiguous_gradients": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False}
+# https://huggingface.co/docs/transformers/deepspeed ("NVMe configuration": the ZeRO-3 config with "auto")
+TRANSFORMERS_DOCS_ZERO3_NVME = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True, "buffer_count": 4,
+                              "fast_init": False},
+        "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True, "buffer_count": 5,
+                          "buffer_size": 1e8, "max_in_cpu": 1e9},
+        "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+        "stage3_gather_16bit_weights_on_model_save": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False}
+# https://github.com/huggingface/transformers/blob/main/tests/deepspeed/ds_config_zero3.json (an older version:
+# fixed values, the old name stage3_gather_fp16_weights_on_model_save)
+TRANSFORMERS_ZERO3 = {
+    "fp16": {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                          "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+                          "contiguous_gradients": True, "sub_group_size": 1e14, "reduce_bucket_size": 0,
+                          "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 0,
+                          "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                          "stage3_gather_fp16_weights_on_model_save": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-5, "betas": [0.8, 0.999], "eps": 1e-8, "weight_decay": 3e-7}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-5, "warmup_num_steps": 500}},
+    "steps_per_print": 2000, "wall_clock_breakdown": False}
+
+
+def _without_offload(ds):
+    """The same config with DeepSpeed's "no offload" device, "none", in each offload section, and a
+    linear warm-up where the scheduler leaves DeepSpeed's default, a logarithmic one (zerompi warms
+    up linearly: the file as published is refused naming both, below)."""
+    ds = json.loads(json.dumps(ds))
+    for key in ("offload_optimizer", "offload_param"):
+        if key in ds["zero_optimization"]:
+            ds["zero_optimization"][key]["device"] = "none"
+    if "scheduler" in ds:
+        ds["scheduler"]["params"].setdefault("warmup_type", "linear")
+    return ds
+
+
+DEFAULTS = TrainConfig()
+
+
+@pytest.mark.parametrize("ds, extra, expected", [
+    (DEEPSPEED_TUTORIAL_ZERO1, [], dict(stage=1, overlap=False)),
+    (DEEPSPEED_TUTORIAL_ZERO2, [], dict(stage=2, overlap=True)),
+    (_without_offload(DEEPSPEED_TUTORIAL_ZERO3_OFFLOAD), [], dict(stage=3, overlap=False)),
+    (TRANSFORMERS_DOCS_ZERO1, [], dict(stage=1)),
+    # "auto" everywhere: the flags' values; steps_per_print: --log-every; WarmupLR: the constant schedule
+    (_without_offload(TRANSFORMERS_ZERO2), [], dict(stage=2, overlap=True, dtype="float32", lr=DEFAULTS.lr,
+                                                   beta1=DEFAULTS.beta1, eps=DEFAULTS.eps, clip_norm=0.0,
+                                                   warmup_steps=DEFAULTS.warmup_steps, lr_schedule="constant",
+                                                   log_every=2000, batch_size=16 * 4, grad_accum=1)),
+    (_without_offload(TRANSFORMERS_ZERO2), ["--dtype", "bf16", "--lr", "0.01", "--batch-size", "32"],
+     dict(dtype="bf16", lr=0.01, batch_size=32, micro_batch_size=8)),
+    (_without_offload(TRANSFORMERS_DOCS_ZERO3_NVME), ["--warmup-steps", "5"],
+     dict(stage=3, overlap=True, lr_schedule="constant", warmup_steps=5, log_every=2000)),
+    # fixed values; hysteresis 2 is refused only when the run is fp16 (below)
+    (_without_offload(TRANSFORMERS_ZERO3), ["--dtype", "bf16"],
+     dict(stage=3, overlap=True, dtype="bf16", lr=3e-5, beta1=0.8, beta2=0.999, eps=1e-8, weight_decay=3e-7,
+          lr_schedule="constant", warmup_steps=500, log_every=2000)),
+], ids=["deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3-offload-none", "transformers-zero1",
+        "transformers-zero2-auto", "transformers-zero2-auto-flags", "transformers-zero3-nvme-auto",
+        "transformers-zero3"])
+def test_published_deepspeed_configs_load_to_the_flags_they_mean(tmp_path, ds, extra, expected):
+    path = write(tmp_path, "ds.json", ds)
+    cfg = parse_args(["--deepspeed-config", path, *extra], num_ranks=4)
+    assert {name: getattr(cfg, name) for name in expected} == expected
+
+
+WARMUP_LOG = (", scheduler.params.warmup_type='log' (DeepSpeed's default is 'log'; zerompi warms up linearly: "
+              "set 'linear')")
+
+
+@pytest.mark.parametrize("ds, refused", [
+    (DEEPSPEED_TUTORIAL_ZERO3_OFFLOAD, "zero_optimization.offload_optimizer.device='cpu' (zerompi does not offload: "
+     "'none'), zero_optimization.offload_param.device='cpu' (zerompi does not offload: 'none')"),
+    (TRANSFORMERS_ZERO2, "zero_optimization.offload_optimizer.device='cpu' (zerompi does not offload: 'none')"
+     + WARMUP_LOG),
+    (TRANSFORMERS_DOCS_ZERO3_NVME, "zero_optimization.offload_optimizer.device='nvme' (zerompi does not offload: "
+     "'none'), zero_optimization.offload_param.device='nvme' (zerompi does not offload: 'none')" + WARMUP_LOG),
+    (TRANSFORMERS_ZERO3, "zero_optimization.offload_optimizer.device='cpu' (zerompi does not offload: 'none'), "
+     "zero_optimization.offload_param.device='cpu' (zerompi does not offload: 'none'), fp16.hysteresis=2 "
+     "(zerompi halves the scale at every overflow: 1)" + WARMUP_LOG),
+], ids=["deepspeed-zero3-offload", "transformers-zero2", "transformers-zero3-nvme", "transformers-zero3"])
+def test_published_configs_that_offload_are_refused_in_one_line_naming_the_keys(tmp_path, ds, refused):
+    path = write(tmp_path, "ds.json", ds)
+    assert error_of(["--deepspeed-config", path]) == f"{path}: unsupported DeepSpeed settings: {refused}"
+
+
+@pytest.mark.parametrize("ds, refused", [
+    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage=4 (0, 1, 2 or 3)"),
+    ({"scheduler": {"type": "WarmupDecayLR", "params": {}}}, "scheduler.type='WarmupDecayLR' (WarmupLR or "
+                                                             "WarmupCosineLR)"),
+    ({"fp16": {"enabled": True, "auto_cast": True}}, "fp16.auto_cast=true (zerompi computes in the parameters' "
+                                                     "dtype)"),
+    ({"zero_optimization": {"zero_quantized_weights": True}}, "zero_optimization.zero_quantized_weights"),
+    ({"amp": {"enabled": True}}, "amp"),
+])
+def test_what_zerompi_does_not_implement_is_refused_naming_it(tmp_path, ds, refused):
+    path = write(tmp_path, "ds.json", ds)
+    assert error_of(["--deepspeed-config", path]) == f"{path}: unsupported DeepSpeed settings: {refused}"
+
+
+def test_keys_that_change_nothing_in_the_math_are_accepted(tmp_path):
+    path = write(tmp_path, "ds.json", {
+        "wall_clock_breakdown": True, "flops_profiler": {"enabled": True}, "timers": {}, "comms_logger": {},
+        "memory_breakdown": False, "dump_state": False, "tensorboard": {"enabled": True}, "wandb": {},
+        "csv_monitor": {}, "comet": {}, "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
+        "zero_optimization": {"stage": 2, "overlap_comm": False, "round_robin_gradients": True,
+                              "elastic_checkpoint": True, "load_from_fp32_weights": True,
+                              "offload_optimizer": {"device": "none", "pin_memory": True}}})
+    cfg = parse_args(["--deepspeed-config", path, "--overlap"])
+    assert cfg.stage == 2 and cfg.overlap is True                         # the command line wins
+    assert parse_args(["--deepspeed-config", path]).overlap is False

@@ -39,3 +39,16 @@ class ExitCode(IntEnum):
     COLLECTIVE_MISMATCH = 5
     COLLECTIVE_TIMEOUT = 6
     INTERRUPTED = 130
+
+
+# one line each, for --help (zerompi/train/config.py)
+EXIT_MEANINGS = {
+    ExitCode.OK: "the run finished",
+    ExitCode.FAILED: "an unexpected failure (a bug, an MPI error): traceback",
+    ExitCode.BAD_INPUT: "bad flags, config, data, environment or path: one line",
+    ExitCode.DIVERGED: "loss, gradients or parameters not finite, or fp16 scale gone",
+    ExitCode.PREEMPTED: "signalled with --save-dir: checkpoint written; --resume",
+    ExitCode.COLLECTIVE_MISMATCH: "--check-collectives: the ranks disagreed",
+    ExitCode.COLLECTIVE_TIMEOUT: "a collective waited past --collective-timeout",
+    ExitCode.INTERRUPTED: "a signal ended the run at once, no checkpoint",
+}

@@ -1,4 +1,15 @@
-"""`python -m zerompi.train`: the training program (zerompi/train/run.py)."""
-from .run import main
+"""`python -m zerompi.train`: the training program (zerompi/train/run.py).
+
+--help and --version are answered first, before anything imports mpi4py.MPI (zerompi/comm.py),
+so they work where MPI cannot start (a login node without a working PMI); under a launcher only
+its rank 0 prints them.
+"""
+import os
+import sys
+
+from .config import answer_without_mpi
+
+answer_without_mpi(sys.argv[1:], os.environ)       # --help, --version: printed, exit 0
+from .run import main                                # noqa: E402 (imports mpi4py.MPI)
 
 raise SystemExit(main())

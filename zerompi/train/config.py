@@ -5,6 +5,11 @@ Each TrainConfig field is an `option(default, help, group, ...)`: build_parser t
 `--field-name` in its argument group, typed by its default (a bool becomes --x/--no-x, a tuple of
 widths a comma-separated list), with any `choices` argparse then enforces itself.
 
+The batch sizes are resolved in one place, resolve_batch, for flags, TOML and DeepSpeed files
+alike: global batch = micro-batch x accumulation x N, any two deciding the third as in DeepSpeed;
+with none given, a micro-batch of 16 rows per rank, so that any N runs (`mpirun -n 8`: the global
+batch of 128). --help and --version are answered before MPI starts (answer_without_mpi).
+
 The defaults train the shipped handwritten digits with `mpirun -n 8 python -m zerompi.train` in well
 under a minute on 2 cores. Every check here runs identically on every rank (it depends only on the
 arguments, N and the files the paths name), so every rank reaches the same verdict without
@@ -13,12 +18,16 @@ communicating.
 import argparse
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field, fields
 
-from .config_files import ConfigFileError, flags_from_file
+from .config_files import CommandLine, ConfigFileError, flags_from_file
+from .environment import ENVIRONMENT
+from .launch import launcher_rank
+from .version import version_text
 from ..checkpoint.files import replaces_checkpoint_file
 from ..devices.choice import DEVICE_CHOICES
-from ..exit_codes import ExitCode
+from ..exit_codes import EXIT_MEANINGS, ExitCode
 from ..inputs import check_fits
 from ..memory import model_state_bytes
 from ..precision import DTYPE_NAMES, precision_for
@@ -29,16 +38,19 @@ from .schedule import SCHEDULES
 COMM_CHOICES = ("mpi", "nccl")
 REPORT_CHOICES = ("table", "json", "none")
 PROGRESS_CHOICES = ("auto", "live", "lines")
+DEFAULT_MICRO_BATCH = 16      # rows per rank per micro-batch when no batch option is given
 
-# the argument groups; --help lists them in the order of TrainConfig's fields
-CONFIG_FILES, MODEL, OPTIMIZER, ZERO, PRECISION, CHECKPOINTS, OUTPUT, GUARDS = (
-    "config files", "model and data", "optimizer and schedule", "ZeRO and communication", "precision",
-    "checkpoints", "output and observability", "guards")
+# The argument groups; --help lists them in the order of TrainConfig's fields. The config files
+# come first (a file sets flags of every group); the collective guards are communication.
+CONFIG_FILES, MODEL, DATA, OPTIMIZER, PRECISION, ZERO, CHECKPOINTS, OUTPUT = (
+    "config files", "model", "data and batches", "optimizer and schedule", "precision",
+    "ZeRO and communication", "checkpoints", "output")
 
 
 def option(default, help, group, **argparse_kwargs):
     """A TrainConfig field: its default, and its flag's help text, argument group and any further
-    argparse.add_argument keywords (choices, metavar, nargs, const)."""
+    argparse.add_argument keywords (choices, metavar, nargs, const; type where the default is None,
+    which means: not given, resolved from the other flags)."""
     return field(default=default, metadata={"help": help, "group": group, "argparse": argparse_kwargs})
 
 
@@ -46,33 +58,47 @@ def option(default, help, group, **argparse_kwargs):
 class TrainConfig:
     config: str = option("", "read flags from a TOML file (keys: the long flag names) or, if it ends in .json, "
                          "a DeepSpeed config; flags on the command line win", CONFIG_FILES, metavar="FILE")
-    deepspeed_config: str = option("", "read a DeepSpeed JSON config (zero_optimization.stage, batch sizes, "
-                                   "fp16/bf16, optimizer, gradient_clipping, scheduler); flags on the command "
-                                   "line win", CONFIG_FILES, metavar="FILE")
+    deepspeed_config: str = option("", "read a DeepSpeed JSON config (docs/command-line.md lists the keys it "
+                                   "maps, ignores and refuses); flags on the command line win", CONFIG_FILES,
+                                   metavar="FILE")
     hidden: tuple = option((128, 128), "hidden layer widths, comma-separated; the input and output "
                            "widths come from the data", MODEL, metavar="W1,W2,...")
     classes: int = option(0, "output width (0: 1 + the largest label in the data)", MODEL)
+    seed: int = option(0, "initial weights and batch order", MODEL)
     data: str = option("digits", "digits (shipped), synthetic (generated), or an .npz with x (samples, "
-                       "features) float and y (samples,) integer labels, optionally x_test, y_test", MODEL,
+                       "features) float and y (samples,) integer labels, optionally x_test, y_test", DATA,
                        metavar="NAME_OR_NPZ")
     shuffle: bool = option(True, "shuffle the training rows each epoch (by --seed); --no-shuffle: file order",
-                           MODEL)
-    seed: int = option(0, "initial weights and batch order", MODEL)
-    batch_size: int = option(128, "GLOBAL batch: rows per optimizer step summed over all ranks (divisible "
-                             "by N * grad-accum)", MODEL)
-    grad_accum: int = option(1, "micro-batches per optimizer step (gradient accumulation; each rank: "
-                             "batch-size / (N * grad-accum) rows of each)", MODEL)
+                           DATA)
+    batch_size: int = option(None, "GLOBAL batch: rows per optimizer step over all N ranks (DeepSpeed's "
+                             "train_batch_size) = micro-batch-size x grad-accum x N; any two of the three "
+                             "decide the third. Not given: micro-batch-size x grad-accum x N", DATA,
+                             type=int, metavar="ROWS")
+    micro_batch_size: int = option(None, "rows per rank in each micro-batch (DeepSpeed's "
+                                   f"train_micro_batch_size_per_gpu). Not given: from the other two, or "
+                                   f"{DEFAULT_MICRO_BATCH} when --batch-size is not given either (so any N "
+                                   f"runs)", DATA, type=int, metavar="ROWS")
+    grad_accum: int = option(None, "micro-batches per optimizer step (gradient accumulation, DeepSpeed's "
+                             "gradient_accumulation_steps). Not given: from the other two, or 1", DATA,
+                             type=int, metavar="M")
     steps: int = option(300, "optimizer steps", OPTIMIZER)
     lr: float = option(3e-3, "peak AdamW learning rate", OPTIMIZER)
     lr_schedule: str = option("cosine", "constant, or cosine decay to --min-lr after the warm-up", OPTIMIZER,
                               choices=SCHEDULES)
-    warmup_steps: int = option(20, "linear warm-up steps", OPTIMIZER)
+    warmup_steps: int = option(20, "linear warm-up steps", OPTIMIZER, metavar="STEPS")
     min_lr: float = option(0.0, "learning rate at the end of the cosine", OPTIMIZER)
     weight_decay: float = option(0.01, "AdamW decoupled weight decay", OPTIMIZER)
     beta1: float = option(0.9, "AdamW first-moment decay", OPTIMIZER)
     beta2: float = option(0.999, "AdamW second-moment decay", OPTIMIZER)
     eps: float = option(1e-8, "AdamW denominator epsilon", OPTIMIZER)
     clip_norm: float = option(0.0, "clip the global gradient norm to this (0: off)", OPTIMIZER)
+    dtype: str = option("float32", "parameters and gradients; bf16/fp16 keep an fp32 master copy and Adam "
+                        "state", PRECISION, choices=tuple(DTYPE_NAMES), metavar="{float32,float64,bf16,fp16}")
+    loss_scale: float = option(2.0 ** 16, "fp16: initial dynamic loss scale", PRECISION)
+    loss_scale_window: int = option(200, "fp16: good steps before the loss scale doubles", PRECISION,
+                                    metavar="STEPS")
+    min_loss_scale: float = option(1.0, "fp16: stop with an error when the loss scale falls below this",
+                                   PRECISION)
     stage: int = option(3, "ZeRO stage: 0 none (plain data parallel), 1 optimizer state, 2 + gradients, "
                         "3 + parameters partitioned", ZERO, choices=(0, 1, 2, 3))
     device: str = option("auto", "where the arrays live: cpu (NumPy), gpu (CuPy, one GPU per rank from the "
@@ -83,27 +109,27 @@ class TrainConfig:
                            "compute (the results are bitwise the same either way; off by default: measured "
                            "slower with one rank per core, docs/overlap-and-performance.md)", ZERO)
     bucket_mb: float = option(4.0, "stages 0-1: start reducing gradients a bucket of consecutive layers of at "
-                              "least this many MB at a time (0: every layer)", ZERO)
+                              "least this many MB at a time (0: every layer)", ZERO, metavar="MB")
     prefetch: int = option(1, "stage 3 with --overlap: all-gather this many layers ahead (one layer buffer "
-                           "each)", ZERO)
-    dtype: str = option("float32", "parameters and gradients; bf16/fp16 keep an fp32 master copy and Adam "
-                        "state", PRECISION, choices=tuple(DTYPE_NAMES), metavar="{float32,float64,bf16,fp16}")
-    loss_scale: float = option(2.0 ** 16, "fp16: initial dynamic loss scale", PRECISION)
-    loss_scale_window: int = option(200, "fp16: good steps before the loss scale doubles", PRECISION)
-    min_loss_scale: float = option(1.0, "fp16: stop with an error when the loss scale falls below this",
-                                   PRECISION)
+                           "each)", ZERO, metavar="LAYERS")
+    check_collectives: bool = option(False, "before each collective, check that every rank calls the same "
+                                     "one (kind, size, dtype, call site); stop naming both sides if not",
+                                     ZERO)
+    collective_timeout: float = option(600.0, "end the job when a collective waits longer than this for the "
+                                       "other ranks (0: never)", ZERO, metavar="SECONDS")
     init_weights: str = option("", "start from this consolidated .npz instead of a random init", CHECKPOINTS,
                                metavar="FILE")
     save_weights: str = option("", "save the final weights to this .npz (one consolidated file)", CHECKPOINTS,
                                metavar="FILE")
     save_dir: str = option("", "write sharded checkpoints here (at the end, every --save-every steps, and "
                            "on SIGTERM/SIGUSR1; see zerompi/checkpoint)", CHECKPOINTS, metavar="FOLDER")
-    save_every: int = option(0, "checkpoint every this many steps (0: only at the end)", CHECKPOINTS)
-    keep_last: int = option(3, "newest checkpoints to keep (0: all)", CHECKPOINTS)
+    save_every: int = option(0, "checkpoint every this many steps (0: only at the end)", CHECKPOINTS,
+                             metavar="STEPS")
+    keep_last: int = option(3, "newest checkpoints to keep (0: all)", CHECKPOINTS, metavar="K")
     resume: str = option("", "--resume: continue from --save-dir's newest checkpoint (start fresh if there "
                          "is none); --resume FOLDER: from that checkpoint, written with any N and stage",
                          CHECKPOINTS, nargs="?", const="latest", metavar="FOLDER")
-    log_every: int = option(25, "steps between progress lines (0: none)", OUTPUT)
+    log_every: int = option(25, "steps between progress lines (0: none)", OUTPUT, metavar="STEPS")
     report: str = option("table", "end-of-run ledger; json: stdout holds only the JSON report, progress goes "
                          "to stderr", OUTPUT, choices=REPORT_CHOICES)
     progress: str = option("auto", "live: a live step/loss/samples-per-second/ETA line on rank 0 (under "
@@ -113,11 +139,6 @@ class TrainConfig:
                           OUTPUT, metavar="FILE")
     trace: str = option("", "write every rank's compute and communication spans to this Chrome trace .json "
                         "file (open it in https://ui.perfetto.dev)", OUTPUT, metavar="FILE")
-    check_collectives: bool = option(False, "before each collective, check that every rank calls the same "
-                                     "one (kind, size, dtype, call site); stop naming both sides if not",
-                                     GUARDS)
-    collective_timeout: float = option(600.0, "end the job when a collective waits longer than this for the "
-                                       "other ranks (0: never)", GUARDS, metavar="SECONDS")
 
 
 class ArgumentError(Exception):
@@ -140,13 +161,34 @@ class _Parser(argparse.ArgumentParser):
             super().print_help(file)
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows "(default: ...)" after each flag's help, except where the default is empty."""
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows "(default: ...)" after each flag's help where there is one to show (not for a flag
+    whose default is empty or None: its help says what happens when it is not given); a switch's
+    default as the switch (--no-overlap). The epilog keeps its lines."""
 
     def _get_help_string(self, action):
-        if action.default in ("", None):
+        if action.default in ("", None, argparse.SUPPRESS):
             return action.help
+        if isinstance(action, argparse.BooleanOptionalAction):
+            on, off = action.option_strings
+            return f"{action.help} (default: {on if action.default else off})"
         return super()._get_help_string(action)
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)   # --no-overlap whole
+
+
+class _Version(argparse.Action):
+    """--version: zerompi's version and those of Python, NumPy, mpi4py and the MPI library
+    (zerompi/train/version.py), printed once; exit 0."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if parser.rank == 0:
+            print(version_text(), flush=True)
+        parser.exit()
 
 
 def _positive_ints(text):
@@ -160,21 +202,37 @@ def _positive_ints(text):
 
 
 def _flag(f):
-    """add_argument's keywords for TrainConfig field f: typed by its default."""
+    """add_argument's keywords for TrainConfig field f: typed by its default (by its `type` where
+    the default is None: not given)."""
     kwargs = dict(help=f.metadata["help"], **f.metadata["argparse"])
     if isinstance(f.default, bool):
         return dict(kwargs, action=argparse.BooleanOptionalAction, default=f.default)
     if isinstance(f.default, tuple):
         return dict(kwargs, type=_positive_ints, default=",".join(map(str, f.default)))
+    if f.default is None:
+        return dict(kwargs, default=None)
     return dict(kwargs, type=type(f.default), default=f.default)
+
+
+def _epilog():
+    """The exit statuses and the environment variables zerompi reads, as --help ends."""
+    width = max(len(str(code.value)) for code in ExitCode)
+    lines = ["exit status (zerompi/exit_codes.py):"]
+    lines += [f"  {code.value:>{width}}  {code.name.lower().replace('_', ' ')}: {EXIT_MEANINGS[code]}"
+              for code in ExitCode]
+    lines += ["", "environment variables read (none is needed):"]
+    for names, meaning in ENVIRONMENT:
+        lines += textwrap.wrap(", ".join(names), 78, initial_indent="  ", subsequent_indent="  ")
+        lines.append(f"      {meaning}")
+    return "\n".join(lines)
 
 
 def build_parser(rank=0):
     p = _Parser(rank, prog="python -m zerompi.train", usage="mpirun -n N %(prog)s [options]",
                 description="Train an MLP data-parallel over MPI ranks with ZeRO stage 0-3.",
-                epilog="exit status: " + ", ".join(f"{code.value} {code.name.lower().replace('_', ' ')}"
-                                                   for code in ExitCode) + " (zerompi/exit_codes.py)",
-                formatter_class=_HelpFormatter)
+                epilog=_epilog(), formatter_class=_HelpFormatter)
+    p.add_argument("--version", action=_Version, help="print the versions of zerompi, Python, NumPy, mpi4py "
+                   "and the MPI library, and exit")
     groups = {}
     for f in fields(TrainConfig):
         group = f.metadata["group"]
@@ -182,6 +240,27 @@ def build_parser(rank=0):
             groups[group] = p.add_argument_group(group)
         groups[group].add_argument(f"--{f.name.replace('_', '-')}", **_flag(f))
     return p
+
+
+def answer_without_mpi(argv, environ):
+    """--help or --version (exactly those, as argparse would also read them in the full parse):
+    printed by the launcher's rank 0 only, then exit 0; called before anything imports mpi4py.MPI,
+    so that they work where MPI cannot start. Any other command line: returns."""
+    peek = _Parser(rank=None, add_help=False, allow_abbrev=False)
+    peek.add_argument("-h", "--help", action="store_true")
+    peek.add_argument("--version", action="store_true")
+    try:
+        args = peek.parse_known_args(argv)[0]
+    except ArgumentError:                      # e.g. --help=x: the full parse reports it
+        return
+    if not (args.help or args.version):
+        return
+    rank = launcher_rank(environ)
+    if args.help:
+        build_parser(rank).print_help()
+    elif rank == 0:
+        print(version_text(), flush=True)
+    raise SystemExit(ExitCode.OK)
 
 
 def device_choice(argv):
@@ -194,7 +273,8 @@ def device_choice(argv):
     try:
         args = peek.parse_known_args(argv)[0]
         if args.device is None and args.config and not args.config.endswith(".json"):
-            args = peek.parse_known_args(flags_from_file(args.config, False, _file_keys(), 1, TrainConfig.lr))[0]
+            toml = flags_from_file(args.config, False, _file_keys(), None)
+            args = peek.parse_known_args(toml)[0]
     except (ArgumentError, ConfigFileError):
         return TrainConfig.device
     return args.device or TrainConfig.device
@@ -203,16 +283,20 @@ def device_choice(argv):
 def _file_keys():
     """{long flag name: the type of its value (bool for a --x/--no-x switch, int, float, str, tuple
     for a list of widths)}: the keys a TOML config file may hold."""
-    return {f.name.replace("_", "-"): type(f.default) for f in fields(TrainConfig)}
+    return {f.name.replace("_", "-"): f.metadata["argparse"].get("type", type(f.default))
+            for f in fields(TrainConfig)}
 
 
 def parse_args(argv, rank=0, num_ranks=1):
-    """TrainConfig from a command line and the config file it names (zerompi/train/config_files.py);
-    raises ArgumentError with a one-line message."""
+    """TrainConfig from a command line and the config file it names (zerompi/train/config_files.py),
+    its batch sizes resolved for N = num_ranks (resolve_batch); raises ArgumentError with a
+    one-line message."""
     parser = build_parser(rank)
     files = _Parser(rank, add_help=False)
     files.add_argument("--config", default="")
     files.add_argument("--deepspeed-config", default="")
+    files.add_argument("--dtype")                     # what a DeepSpeed file's "auto" and fp16 follow
+    files.add_argument("--lr", type=float)
     path = files.parse_known_args(argv)[0]
     if path.config and path.deepspeed_config:
         raise ArgumentError("--config and --deepspeed-config: choose one")
@@ -220,7 +304,8 @@ def parse_args(argv, rank=0, num_ranks=1):
         name = path.config or path.deepspeed_config
         try:
             file_flags = flags_from_file(name, bool(path.deepspeed_config) or name.endswith(".json"),
-                                         _file_keys(), num_ranks, TrainConfig.lr)
+                                         _file_keys(), CommandLine(path.dtype, path.lr, TrainConfig.dtype,
+                                                                   TrainConfig.lr))
             from_file = build_parser(rank).parse_args(file_flags)
         except ConfigFileError as e:
             raise ArgumentError(str(e)) from None
@@ -228,7 +313,93 @@ def parse_args(argv, rank=0, num_ranks=1):
             raise ArgumentError(f"{name}: {e}") from None
         parser.set_defaults(**{f.name: getattr(from_file, f.name) for f in fields(TrainConfig)})
     args = parser.parse_args(argv)
-    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum = resolve_batch(
+        cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum, num_ranks)
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Batch sizes: global = micro-batch x accumulation x N, as DeepSpeed resolves train_batch_size,
+# train_micro_batch_size_per_gpu and gradient_accumulation_steps
+# ----------------------------------------------------------------------------------------------
+
+def resolve_batch(global_batch, micro_batch, accumulation, num_ranks):
+    """(global batch G, micro-batch b, accumulation M), G = b x M x N, from the batch options given
+    (None: not given): any two decide the third; only G: M = 1; only b or only M: the other of
+    the two is its default (M 1, b DEFAULT_MICRO_BATCH); none: b = DEFAULT_MICRO_BATCH, M = 1.
+    Raises ArgumentError, one line naming the nearest valid values."""
+    N = num_ranks
+    for flag, value in (("--batch-size", global_batch), ("--micro-batch-size", micro_batch),
+                        ("--grad-accum", accumulation)):
+        if value is not None and value <= 0:
+            raise ArgumentError(f"{flag} must be positive, got {value}")
+    if global_batch is None:
+        b = DEFAULT_MICRO_BATCH if micro_batch is None else micro_batch
+        M = 1 if accumulation is None else accumulation
+        return b * M * N, b, M
+    if micro_batch is None:
+        M = 1 if accumulation is None else accumulation
+        if global_batch % (N * M):
+            raise ArgumentError(_unsplittable(global_batch, N, M, accumulation is not None))
+        return global_batch, global_batch // (N * M), M
+    if accumulation is None:
+        if global_batch % (N * micro_batch):
+            raise ArgumentError(_no_whole_accumulation(global_batch, N, micro_batch))
+        return global_batch, micro_batch, global_batch // (N * micro_batch)
+    if global_batch != micro_batch * accumulation * N:
+        raise ArgumentError(f"--batch-size {global_batch}, --micro-batch-size {micro_batch} and --grad-accum "
+                            f"{accumulation} disagree on {_count(N, 'rank')}: {micro_batch} x {accumulation} x "
+                            f"{N} = {micro_batch * accumulation * N}; use --batch-size "
+                            f"{micro_batch * accumulation * N}, or give only two of the three")
+    return global_batch, micro_batch, accumulation
+
+
+def _unsplittable(G, N, M, accumulation_given):
+    """G rows do not split into M micro-batches on N ranks: the nearest global batches that do,
+    and the nearest accumulation that splits G (if given) or the per-rank micro-batch (if not)."""
+    options = [_either("--batch-size", _multiples_around(G, N * M))]
+    if accumulation_given:
+        near = _divisors_around(G // N, M) if G % N == 0 else []
+        if near:
+            options.append(_either("--grad-accum", near))
+    elif G // N:
+        options.append(f"--micro-batch-size {G // N}")
+    return (f"--batch-size {G} cannot be split over {_count(N, 'rank')} x {_count(M, 'micro-batch')}: "
+            f"use {', or '.join(options)}")
+
+
+def _no_whole_accumulation(G, N, b):
+    """G rows are no whole number of micro-batches of b rows on N ranks: the nearest global
+    batches that are, and the nearest micro-batches that split G."""
+    options = [_either("--batch-size", _multiples_around(G, N * b))]
+    near = _divisors_around(G // N, b) if G % N == 0 else []
+    if near:
+        options.append(_either("--micro-batch-size", near))
+    return (f"--batch-size {G} is no whole number of micro-batches of {b} rows on {_count(N, 'rank')}: "
+            f"use {', or '.join(options)}")
+
+
+def _either(flag, values):
+    return f"{flag} {' or '.join(map(str, values))}"
+
+
+def _multiples_around(value, step):
+    """The multiples of step just below and just above value (below only where positive)."""
+    below = value // step * step
+    return [v for v in (below, below + step) if v > 0]
+
+
+def _divisors_around(value, near):
+    """The divisors of value nearest to `near`, the one below and the one above (where they exist)."""
+    divisors = [d for d in range(1, value + 1) if value % d == 0]
+    below = [d for d in divisors if d < near]
+    above = [d for d in divisors if d > near]
+    return below[-1:] + above[:1]
+
+
+def _count(n, noun):
+    return f"{n} {noun}" + ("" if n == 1 else ("es" if noun.endswith("batch") else "s"))
 
 
 def check_config(cfg, num_ranks):
@@ -239,7 +410,7 @@ def check_config(cfg, num_ranks):
         return f"--bucket-mb must be a finite number >= 0, got {cfg.bucket_mb}"
     if cfg.prefetch < 0:
         return f"--prefetch must be >= 0, got {cfg.prefetch}"
-    for name in ("batch_size", "steps", "grad_accum", "loss_scale_window"):
+    for name in ("steps", "loss_scale_window"):
         if getattr(cfg, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"
     if cfg.classes < 0:
@@ -254,10 +425,6 @@ def check_config(cfg, num_ranks):
         return f"--log-every must be >= 0, got {cfg.log_every}"
     if cfg.warmup_steps < 0:
         return f"--warmup-steps must be >= 0, got {cfg.warmup_steps}"
-    parts = num_ranks * cfg.grad_accum
-    if cfg.batch_size % parts != 0:
-        split = f"{num_ranks} ranks" + (f" x {cfg.grad_accum} micro-batches" if cfg.grad_accum > 1 else "")
-        return f"--batch-size {cfg.batch_size} cannot be split evenly over {split}: use a multiple of {parts}"
     if cfg.seed < 0:
         return f"--seed must be >= 0, got {cfg.seed}"
     for name in ("lr", "weight_decay", "beta1", "beta2", "eps", "min_lr", "clip_norm", "loss_scale",

@@ -8,12 +8,13 @@ TOML (`--config run.toml`): the keys are the long flag names without the dashes
 (`batch-size = 256`, `hidden = [256, 256]`, `shuffle = false`, `overlap = true`).
 
 DeepSpeed JSON (`--deepspeed-config ds.json`, or `--config ds.json`), mapped where zerompi has the
-same thing; any other key, or a value zerompi cannot honour, is an error naming every such key:
+same thing; a key zerompi does not know, or a value it cannot honour, is an error naming every
+such key:
 
-    zero_optimization.stage                         --stage
-    train_batch_size = micro x accumulation x N     --batch-size (the global batch), derived from
-    train_micro_batch_size_per_gpu                  whichever two are given, like DeepSpeed; all
-    gradient_accumulation_steps                     three must agree
+    zero_optimization.stage (0-3)                   --stage
+    train_batch_size                                --batch-size      (global = micro x accumulation
+    train_micro_batch_size_per_gpu                  --micro-batch-size    x N; any two decide the
+    gradient_accumulation_steps                     --grad-accum          third: config.py's one rule)
     fp16.enabled / bf16.enabled                     --dtype fp16 / bf16 (fp32 master and Adam state)
     fp16.initial_scale_power, loss_scale_window,    --loss-scale 2^power, --loss-scale-window,
         min_loss_scale, loss_scale (0: dynamic)         --min-loss-scale; hysteresis 1 only
@@ -23,14 +24,45 @@ same thing; any other key, or a value zerompi cannot honour, is an error naming 
     scheduler WarmupLR (linear, from 0)             --warmup-steps, --lr warmup_max_lr, constant
     scheduler WarmupCosineLR (linear, from 0)       --warmup-steps, --steps total_num_steps, cosine,
                                                     --min-lr cos_min_ratio x lr
+    zero_optimization.overlap_comm                  --overlap / --no-overlap
     steps_per_print                                 --log-every
+
+"auto" (which Hugging Face Transformers and Accelerate fill in) means: what the command line says,
+or the flag's default, as if the key were absent. That is how the batch sizes (the one batch rule
+decides), gradient_clipping, optimizer.params and scheduler.params (warmup_max_lr: --lr,
+warmup_num_steps: --warmup-steps, total_num_steps: --steps, warmup_min_lr: 0) are read, and
+fp16.enabled / bf16.enabled "auto" follow --dtype (fp16's loss-scale keys then apply when the
+run's --dtype is fp16). "auto" anywhere else is one line naming the key: nothing decides it.
+
+Accepted and ignored, because they change nothing in what a step computes:
+
+    wall_clock_breakdown, flops_profiler, timers,   timing, profiling and logging (zerompi's
+    comms_logger, memory_breakdown, dump_state,     own: --trace, --metrics, the report)
+    tensorboard, wandb, csv_monitor, comet
+    zero_allow_untested_optimizer,                  which optimizers DeepSpeed allows: zerompi
+    zero_force_ds_cpu_optimizer                     has one, AdamW
+    zero_optimization.contiguous_gradients,         how DeepSpeed lays out and buckets its
+    reduce_scatter, allgather_partitions,           buffers and collectives; the sums are the
+    round_robin_gradients, allgather_bucket_size,   same. reduce_bucket_size is not mapped to
+    reduce_bucket_size, sub_group_size,             --bucket-mb: its values (elements, tuned for
+    stage3_prefetch_bucket_size,                    billion-parameter models, or "auto") would put
+    stage3_param_persistence_threshold,             the whole MLP in one bucket; --prefetch counts
+    stage3_max_live_parameters,                     layers, not elements
+    stage3_max_reuse_distance
+    zero_optimization.stage3_gather_16bit_weights_  --save-weights always writes consolidated
+        on_model_save (and its old fp16 name)       weights
+    zero_optimization.elastic_checkpoint,           zerompi's checkpoints load on any N;
+    load_from_fp32_weights                          they hold the fp32 master weights
+    zero_optimization.offload_optimizer,            with device "none" (no offload), whatever
+    offload_param                                   else they hold
+    fp16.auto_cast false, consecutive_hysteresis    (hysteresis is 1)
+
+Refused with one line naming the key: offload to "cpu" or "nvme", fp16.hysteresis > 1, a static
+fp16.loss_scale, fp16.auto_cast true, other optimizers and schedulers (WarmupDecayLR, OneCycle,
+...), a stage outside 0-3, and every key not listed here.
 
 Every value is read with DeepSpeed's type (a boolean is a JSON true/false, a number is not a
 string, `optimizer.params` is an object, ...); a value of another type is one line naming it.
-"auto", which DeepSpeed accepts where Hugging Face Transformers and Accelerate fill the value in
-(the batch sizes, gradient_clipping, fp16/bf16.enabled, optimizer.params lr, betas, eps,
-weight_decay, scheduler.params warmup_min_lr, warmup_max_lr, warmup_num_steps, total_num_steps),
-is refused with one line: zerompi does not resolve it yet.
 
 Config files are read only if they are regular files (a FIFO would block before MPI starts), and
 a file nested too deeply for the parser (JSON or TOML) is one line, not a RecursionError.
@@ -52,6 +84,17 @@ class ConfigFileError(Exception):
 
 
 @dataclass(frozen=True)
+class CommandLine:
+    """The command line's --dtype and --lr (None: not given) and their defaults: "auto" and the
+    fp16 section follow the dtype the run will have, and a cosine floor given as a ratio is of the
+    lr it will have."""
+    dtype: str | None
+    lr: float | None
+    default_dtype: str
+    default_lr: float
+
+
+@dataclass(frozen=True)
 class Kind:
     """A JSON type a DeepSpeed key takes: `accepts(value)`, and how a message names it."""
     name: str
@@ -69,20 +112,29 @@ TEXT = Kind("a string", lambda v: isinstance(v, str))
 OBJECT = Kind("an object", lambda v: isinstance(v, dict))
 TWO_NUMBERS = Kind("a list of two numbers", lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)))
 
-# the keys where Transformers and Accelerate accept "auto" and fill in a value
+# the keys where Transformers and Accelerate accept "auto" and fill in a value: here, what the
+# command line (or the flag's default) says
 AUTO_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
              "gradient_clipping", "fp16.enabled", "bf16.enabled", "optimizer.params.lr", "optimizer.params.betas",
              "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
              "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
              "scheduler.params.total_num_steps"}
+# keys that change nothing in what a step computes (the module docstring says why each)
+IGNORED = {"wall_clock_breakdown", "flops_profiler", "timers", "comms_logger", "memory_breakdown", "dump_state",
+           "tensorboard", "wandb", "csv_monitor", "comet", "zero_allow_untested_optimizer",
+           "zero_force_ds_cpu_optimizer"}
+ZERO_IGNORED = {"contiguous_gradients", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
+                "allgather_bucket_size", "reduce_bucket_size", "sub_group_size", "stage3_prefetch_bucket_size",
+                "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                "elastic_checkpoint", "load_from_fp32_weights"}
 MAX_SCALE_POWER = 127                          # the initial loss scale 2^power must fit float32
 
 
-def flags_from_file(path, deepspeed, known_flags, num_ranks, default_lr):
+def flags_from_file(path, deepspeed, known_flags, command_line):
     """Command-line flags [--name, value, ...] for the TOML file at path (deepspeed False) or the
     DeepSpeed JSON at path (True); known_flags: {long flag name (without the dashes): the type of its
-    value, bool for a --x/--no-x switch};
-    default_lr: --lr's default (for a cosine floor given as a ratio of an lr the file leaves out)."""
+    value, bool for a --x/--no-x switch}; command_line: what a DeepSpeed file is read against."""
     with open_regular(path, _unreadable) as f:
         try:
             text = f.read()
@@ -97,7 +149,9 @@ def flags_from_file(path, deepspeed, known_flags, num_ranks, default_lr):
                               f"(a config file has a few levels)") from None
     if not isinstance(table, dict):
         raise ConfigFileError(f"{path}: expected a JSON object at the top level")
-    return deepspeed_flags(table, num_ranks, path, default_lr) if deepspeed else toml_flags(table, known_flags, path)
+    if deepspeed:
+        return deepspeed_flags(table, path, command_line)
+    return toml_flags(table, known_flags, path)
 
 
 def _unreadable(message):
@@ -141,42 +195,65 @@ def toml_flags(table, known_flags, path):
 
 
 def typed(table, prefix, key, kind, path, default=None):
-    """table[key] if it is of `kind` (default where absent); else ConfigFileError, one line naming
-    prefix + key. "auto" in AUTO_KEYS gets its own line: zerompi does not resolve it yet."""
+    """table[key] if it is of `kind` (default where absent, or "auto" in AUTO_KEYS: the command
+    line decides); else ConfigFileError, one line naming prefix + key."""
     if key not in table:
         return default
     value, name = table[key], prefix + key
-    if value == "auto" and name in AUTO_KEYS:
-        raise ConfigFileError(f'{path}: {name} is "auto": zerompi does not resolve "auto" yet; give a value')
+    if value == "auto":
+        if name in AUTO_KEYS:
+            return default
+        raise ConfigFileError(f'{path}: {name} is "auto", which neither the command line nor the data '
+                              f'decides in zerompi: give a value')
     if not kind.accepts(value):
         raise ConfigFileError(f"{path}: {name}={_shown(value)} must be {kind.name}")
     return value
 
 
-def deepspeed_flags(ds, num_ranks, path, default_lr):
-    flags = {}                                   # flag -> value
+def deepspeed_flags(ds, path, command_line):
+    """[--name, value, ...] for a DeepSpeed config (the module docstring's table), read against
+    command_line (a CommandLine)."""
+    flags = {}                                   # flag -> value (None: a switch, no value)
     unsupported = []                             # "key" or "key=value (why)", in file order
 
     def leftovers(prefix, table, mapped):
         unsupported.extend(_name(f"{prefix}{key}") for key in table if key not in mapped)
 
+    def put(flag, value):
+        if value is not None:                    # absent or "auto": the command line decides
+            flags[flag] = value
+
     known = {"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
              "gradient_accumulation_steps", "fp16", "bf16", "optimizer", "gradient_clipping",
              "scheduler", "steps_per_print"}
-    leftovers("", ds, known)
+    leftovers("", ds, known | IGNORED)
 
     zero = typed(ds, "", "zero_optimization", OBJECT, path, {})
-    leftovers("zero_optimization.", zero, {"stage"})
-    if "stage" in zero:
-        flags["--stage"] = typed(zero, "zero_optimization.", "stage", INTEGER, path)
+    leftovers("zero_optimization.", zero, {"stage", "overlap_comm", "offload_optimizer", "offload_param"} | ZERO_IGNORED)
+    stage = typed(zero, "zero_optimization.", "stage", INTEGER, path)
+    if stage is not None and stage not in (0, 1, 2, 3):
+        unsupported.append(f"zero_optimization.stage={stage} (0, 1, 2 or 3)")
+    put("--stage", stage)
+    overlap = typed(zero, "zero_optimization.", "overlap_comm", BOOLEAN, path)
+    if overlap is not None:
+        flags["--overlap" if overlap else "--no-overlap"] = None
+    for key in ("offload_optimizer", "offload_param"):
+        device = typed(typed(zero, "zero_optimization.", key, OBJECT, path, {}), f"zero_optimization.{key}.",
+                       "device", TEXT, path, "none")
+        if device != "none":
+            unsupported.append(f"zero_optimization.{key}.device={_shown(device)} (zerompi does not offload: "
+                               f"'none')")
 
-    batch = _batch_flags(ds, num_ranks, path)
-    flags.update(batch)
+    for key, flag in (("train_batch_size", "--batch-size"), ("train_micro_batch_size_per_gpu", "--micro-batch-size"),
+                      ("gradient_accumulation_steps", "--grad-accum")):
+        value = typed(ds, "", key, INTEGER, path)
+        if value is not None and value <= 0:
+            raise ConfigFileError(f"{path}: {key}={value} must be a positive integer")
+        put(flag, value)                         # config.py resolves the three, like DeepSpeed
 
     fp16, bf16 = typed(ds, "", "fp16", OBJECT, path, {}), typed(ds, "", "bf16", OBJECT, path, {})
     leftovers("bf16.", bf16, {"enabled"})
-    fp16_on = typed(fp16, "fp16.", "enabled", BOOLEAN, path, False)
-    bf16_on = typed(bf16, "bf16.", "enabled", BOOLEAN, path, False)
+    fp16_enabled, bf16_enabled = _enabled(fp16, "fp16", path), _enabled(bf16, "bf16", path)
     loss_scale = typed(fp16, "fp16.", "loss_scale", NUMBER, path, 0)
     hysteresis = typed(fp16, "fp16.", "hysteresis", INTEGER, path, 1)
     power = typed(fp16, "fp16.", "initial_scale_power", INTEGER, path)
@@ -185,22 +262,25 @@ def deepspeed_flags(ds, num_ranks, path, default_lr):
                               f"{MAX_SCALE_POWER} (the initial loss scale is 2^power)")
     window = typed(fp16, "fp16.", "loss_scale_window", INTEGER, path)
     min_scale = typed(fp16, "fp16.", "min_loss_scale", NUMBER, path)
-    if fp16_on and bf16_on:
+    auto_cast = typed(fp16, "fp16.", "auto_cast", BOOLEAN, path, False)
+    typed(fp16, "fp16.", "consecutive_hysteresis", BOOLEAN, path)
+    if fp16_enabled is True and bf16_enabled is True:
         raise ConfigFileError(f"{path}: fp16.enabled and bf16.enabled are both true: choose one")
-    if bf16_on:
-        flags["--dtype"] = "bf16"
-    if fp16_on:
-        flags["--dtype"] = "fp16"
+    if fp16_enabled is True or bf16_enabled is True:
+        flags["--dtype"] = "fp16" if fp16_enabled is True else "bf16"
+    dtype = command_line.dtype or flags.get("--dtype") or command_line.default_dtype      # the run's
+    if fp16_enabled in (True, "auto") and dtype == "fp16":     # the loss-scale keys: only for an fp16 run
         leftovers("fp16.", fp16, {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
-                                  "min_loss_scale", "hysteresis"})
+                                  "min_loss_scale", "hysteresis", "auto_cast", "consecutive_hysteresis"})
         if loss_scale != 0:
             unsupported.append(f"fp16.loss_scale={loss_scale} (a static scale; 0: dynamic)")
         if hysteresis != 1:
             unsupported.append(f"fp16.hysteresis={hysteresis} (zerompi halves the scale at every overflow: 1)")
-        for flag, value in (("--loss-scale", None if power is None else 2.0 ** power),
-                            ("--loss-scale-window", window), ("--min-loss-scale", min_scale)):
-            if value is not None:
-                flags[flag] = value
+        if auto_cast:
+            unsupported.append("fp16.auto_cast=true (zerompi computes in the parameters' dtype)")
+        put("--loss-scale", None if power is None else 2.0 ** power)
+        put("--loss-scale-window", window)
+        put("--min-loss-scale", min_scale)
 
     optimizer = typed(ds, "", "optimizer", OBJECT, path, {})
     leftovers("optimizer.", optimizer, {"type", "params"})
@@ -213,60 +293,37 @@ def deepspeed_flags(ds, num_ranks, path, default_lr):
         if typed(params, "optimizer.params.", "adam_w_mode", BOOLEAN, path, True) is not True:
             unsupported.append("optimizer.params.adam_w_mode=false (zerompi's Adam decouples weight decay)")
         for key, flag in (("lr", "--lr"), ("eps", "--eps"), ("weight_decay", "--weight-decay")):
-            if key in params:
-                flags[flag] = typed(params, "optimizer.params.", key, NUMBER, path)
-        if "betas" in params:
-            flags["--beta1"], flags["--beta2"] = typed(params, "optimizer.params.", "betas", TWO_NUMBERS, path)
+            put(flag, typed(params, "optimizer.params.", key, NUMBER, path))
+        betas = typed(params, "optimizer.params.", "betas", TWO_NUMBERS, path)
+        if betas is not None:
+            flags["--beta1"], flags["--beta2"] = betas
 
-    if "gradient_clipping" in ds:
-        flags["--clip-norm"] = typed(ds, "", "gradient_clipping", NUMBER, path)
-    if "steps_per_print" in ds:
-        flags["--log-every"] = typed(ds, "", "steps_per_print", INTEGER, path)
+    put("--clip-norm", typed(ds, "", "gradient_clipping", NUMBER, path))
+    put("--log-every", typed(ds, "", "steps_per_print", INTEGER, path))
 
     scheduler = typed(ds, "", "scheduler", OBJECT, path, {})
     leftovers("scheduler.", scheduler, {"type", "params"})
-    if scheduler:
-        flags.update(_scheduler_flags(scheduler, flags.get("--lr", default_lr), unsupported, path))
+    schedule, ratio = _scheduler_flags(scheduler, unsupported, path) if scheduler else ({}, None)
+    flags.update(schedule)
+    if ratio is not None:                        # of the lr the run will have: the command line's first
+        lr = command_line.lr if command_line.lr is not None else flags.get("--lr", command_line.default_lr)
+        flags["--min-lr"] = ratio * float(lr)
 
     if unsupported:
         raise ConfigFileError(f"{path}: unsupported DeepSpeed settings: {', '.join(unsupported)}")
-    return [str(token) for flag, value in flags.items() for token in (flag, value)]
+    return [str(token) for flag, value in flags.items() for token in ((flag,) if value is None else (flag, value))]
 
 
-def _batch_flags(ds, num_ranks, path):
-    """--batch-size (global) and --grad-accum from DeepSpeed's three batch keys, any two of which
-    determine the third: train_batch_size = micro x accumulation x N."""
-    total = typed(ds, "", "train_batch_size", INTEGER, path)
-    micro = typed(ds, "", "train_micro_batch_size_per_gpu", INTEGER, path)
-    accumulation = typed(ds, "", "gradient_accumulation_steps", INTEGER, path)
-    given = [v for v in (total, micro, accumulation) if v is not None]
-    if not all(v > 0 for v in given):
-        raise ConfigFileError(f"{path}: train_batch_size, train_micro_batch_size_per_gpu and "
-                              f"gradient_accumulation_steps must be positive integers")
-    if micro is not None and accumulation is not None:
-        if total is not None and total != micro * accumulation * num_ranks:
-            raise ConfigFileError(
-                f"{path}: inconsistent batch sizes: train_batch_size {total} != train_micro_batch_size_per_gpu "
-                f"{micro} x gradient_accumulation_steps {accumulation} x {num_ranks} ranks = "
-                f"{micro * accumulation * num_ranks}")
-        total = micro * accumulation * num_ranks
-    elif micro is not None and total is not None:
-        if total % (micro * num_ranks):
-            raise ConfigFileError(f"{path}: inconsistent batch sizes: train_batch_size {total} is not a multiple "
-                                  f"of train_micro_batch_size_per_gpu {micro} x {num_ranks} ranks")
-        accumulation = total // (micro * num_ranks)
-    elif micro is not None:
-        total = micro * num_ranks
-    flags = {}
-    if total is not None:
-        flags["--batch-size"] = total
-    if accumulation is not None:
-        flags["--grad-accum"] = accumulation
-    return flags
+def _enabled(section, name, path):
+    """fp16's or bf16's (name) `enabled`: True, False (also where absent) or "auto" (the run's --dtype)."""
+    if section.get("enabled") == "auto":
+        return "auto"
+    return typed(section, f"{name}.", "enabled", BOOLEAN, path, False)
 
 
-def _scheduler_flags(scheduler, lr, unsupported, path):
-    """WarmupLR and WarmupCosineLR with a linear warm-up from 0, zerompi's two schedules."""
+def _scheduler_flags(scheduler, unsupported, path):
+    """({flag: value}, cos_min_ratio or None) for WarmupLR and WarmupCosineLR with a linear
+    warm-up from 0, zerompi's two schedules (deepspeed_flags makes the ratio --min-lr)."""
     kind = typed(scheduler, "scheduler.", "type", TEXT, path)
     params = typed(scheduler, "scheduler.", "params", OBJECT, path, {})
     mapped = {"WarmupLR": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"},
@@ -274,7 +331,7 @@ def _scheduler_flags(scheduler, lr, unsupported, path):
                                  "warmup_type"}}
     if kind not in mapped:
         unsupported.append(f"scheduler.type={kind!r} (WarmupLR or WarmupCosineLR)")
-        return {}
+        return {}, None
     unsupported.extend(_name(f"scheduler.params.{key}") for key in params if key not in mapped[kind])
 
     def param(key, kind, default=None):
@@ -287,17 +344,14 @@ def _scheduler_flags(scheduler, lr, unsupported, path):
     start = "warmup_min_lr" if kind == "WarmupLR" else "warmup_min_ratio"
     if param(start, NUMBER, 0) != 0:
         unsupported.append(f"scheduler.params.{start}={params[start]} (zerompi warms up from 0)")
-    flags = {"--lr-schedule": "constant" if kind == "WarmupLR" else "cosine"}
-    if "warmup_num_steps" in params:
-        flags["--warmup-steps"] = param("warmup_num_steps", INTEGER)
-    if kind == "WarmupLR" and "warmup_max_lr" in params:
-        flags["--lr"] = param("warmup_max_lr", NUMBER)
-    if kind == "WarmupCosineLR":
-        if "total_num_steps" in params:
-            flags["--steps"] = param("total_num_steps", INTEGER)
-        if "cos_min_ratio" in params:
-            flags["--min-lr"] = param("cos_min_ratio", NUMBER) * float(lr)
-    return flags
+    found = {"--lr-schedule": "constant" if kind == "WarmupLR" else "cosine",
+             "--warmup-steps": param("warmup_num_steps", INTEGER)}
+    if kind == "WarmupLR":
+        found["--lr"] = param("warmup_max_lr", NUMBER)
+    else:
+        found["--steps"] = param("total_num_steps", INTEGER)
+    ratio = param("cos_min_ratio", NUMBER) if kind == "WarmupCosineLR" else None
+    return {flag: value for flag, value in found.items() if value is not None}, ratio
 
 
 def _name(key):

@@ -112,7 +112,7 @@ def setup(cfg, comm, out):
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
     precision = precision_for(cfg.dtype)
     M = cfg.grad_accum
-    rows = cfg.batch_size // (comm.size * M)                 # this rank's rows of one micro-batch
+    rows = cfg.micro_batch_size                              # this rank's rows of one micro-batch
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
     overlap = OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
     comm.check_all(comm.thread_level_error() if overlap.enabled else None)
