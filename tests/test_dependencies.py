@@ -18,6 +18,8 @@ table fails too, so that a new dependency is declared on purpose.
 """
 import ast
 import os
+import re
+import subprocess
 import sys
 import tomllib
 
@@ -229,3 +231,22 @@ def test_an_example_may_take_its_imports_from_an_extra():
     example = "import matplotlib.pyplot as plt\nimport numpy as np\n"
     assert problems({}, FAKE_PYPROJECT, {"examples/plot.py": example}) == []
     assert len(problems({}, FAKE_PYPROJECT, {"examples/plot.py": "import tqdm\n"})) == 1
+
+
+def test_every_install_hint_works_from_a_checkout():
+    """zerompi is installed from its checkout, not from PyPI: no hint says `pip install zerompi...`;
+    and a hint that names a PyPI package (`pip install cupy-cuda12x`) names one pyproject declares."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    declared_names = set(declared(pyproject())[0])
+    wrong = []
+    for name in tracked.split():
+        path = os.path.join(ROOT, name)
+        if not name.endswith((".py", ".md", ".sh", ".sbatch", ".toml")) or not os.path.isfile(path):
+            continue
+        for number, line in enumerate(open(path, encoding="utf-8"), 1):
+            for hint in re.findall(r"pip install ([^)`\"\n;&]*)", line):
+                words = [w.strip("'\",") for w in hint.split() if not w.startswith("-")]
+                if any(w == "zerompi" or w.startswith("zerompi[") for w in words):
+                    wrong.append(f"{name}:{number}: {line.strip()}")
+    assert wrong == []
+    assert {"cupy-cuda12x", "cupy-cuda13x"} <= declared_names          # the hint in zerompi/devices/choice.py
