@@ -57,9 +57,8 @@ def version_guard(test):
     if not (isinstance(left, ast.Attribute) and left.attr == "version_info"):
         return None
     bound = tuple(ast.literal_eval(test.comparators[0]))[:2]
-    compare = {ast.GtE: lambda v: v >= bound, ast.Gt: lambda v: v > bound, ast.Lt: lambda v: v < bound,
-               ast.LtE: lambda v: v <= bound}[type(test.ops[0])]
-    return compare
+    return {ast.GtE: lambda v: v >= bound, ast.Gt: lambda v: v > bound, ast.Lt: lambda v: v < bound,
+            ast.LtE: lambda v: v <= bound}[type(test.ops[0])]
 
 
 def imports(source):
@@ -71,7 +70,7 @@ def imports(source):
             found.extend((node.lineno, a.name.split(".")[0], module_level, runs) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             found.append((node.lineno, node.module.split(".")[0], module_level, runs))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for child in ast.iter_child_nodes(node):
                 visit(child, False, runs)
         elif isinstance(node, ast.If) and version_guard(node.test):
