@@ -5,8 +5,10 @@
                                           mpirun -n N python tests/support/mpi_launch.py --with-mpi tests/mpi
 
 Each run has a wall-clock limit; a run that exceeds it is killed with its whole process group and
-counts as failed. The last line sums the pytest counts of all runs ("all: P passed, F failed").
+counts as failed. The summary sums the pytest counts of all runs ("all: P passed, F failed, S skipped")
+and lists the reasons for the skipped tests, each with how many it skipped (pytest's -rs lines).
 """
+import collections
 import os
 import re
 import shutil
@@ -26,8 +28,26 @@ def mpirun():
     return beside_python if os.path.exists(beside_python) else shutil.which("mpirun") or "mpirun"
 
 
+SKIP_LINE = re.compile(r"^SKIPPED \[(\d+)\] [^:]+(?::\d+)?: (.*)$")   # pytest -rs: SKIPPED [count] file:line: reason
+
+
+def tally(lines):
+    """(passed, failed, skipped, Counter of skip reasons) from one pytest run's output lines."""
+    summary = [line for line in lines if re.search(r"\d+ (passed|failed|skipped)", line)]
+    last = summary[-1] if summary else ""
+    passed = sum(int(n) for n in re.findall(r"(\d+) passed", last))
+    failed = sum(int(n) for n in re.findall(r"(\d+) (?:failed|error)", last))
+    skipped = sum(int(n) for n in re.findall(r"(\d+) skipped", last))
+    reasons = collections.Counter()
+    for line in lines:
+        match = SKIP_LINE.match(line.rstrip("\n"))
+        if match:
+            reasons[match.group(2)] += int(match.group(1))
+    return passed, failed, skipped, reasons
+
+
 def run(name, command):
-    """Run command, echoing its output; returns (passed, failed, ok)."""
+    """Run command, echoing its output; returns (passed, failed, skipped, skip reasons, ok)."""
     print(f"\n=== {name}: {' '.join(command)}", flush=True)
     start = time.time()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -44,17 +64,14 @@ def run(name, command):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     text = "".join(output)
-    summary = [line for line in output if re.search(r"\d+ (passed|failed)", line)]
-    last = summary[-1] if summary else ""
-    passed = sum(int(n) for n in re.findall(r"(\d+) passed", last))
-    failed = sum(int(n) for n in re.findall(r"(\d+) (?:failed|error)", last))
+    passed, failed, skipped, reasons = tally(output)
     ok = process.returncode == 0 and not timed_out and passed > 0 and failed == 0
     if timed_out:
         print(f"=== {name}: killed after {LIMIT_SECONDS} s", flush=True)
     elif not ok and failed == 0:
         failed = 1                       # a crash or abort without a pytest summary still fails
     print(f"=== {name}: {'ok' if ok else 'FAILED'} in {time.time() - start:.1f} s", flush=True)
-    return passed, failed, ok and "no tests ran" not in text
+    return passed, failed, skipped, reasons, ok and "no tests ran" not in text
 
 
 class _Deadline:
@@ -73,17 +90,23 @@ class _Deadline:
         self.timer.start()
 
 
+def summary(totals):
+    """The closing lines: the sums over all runs, then each skip reason with its count."""
+    passed, failed, skipped = (sum(t[i] for t in totals) for i in range(3))
+    reasons = sum((t[3] for t in totals), collections.Counter())
+    lines = [f"all: {passed} passed, {failed} failed, {skipped} skipped"]
+    lines += [f"  skipped {count:>4}: {reason}" for reason, count in reasons.most_common()]
+    return "\n".join(lines)
+
+
 def main():
-    runs = [("single-process", [sys.executable, "-m", "pytest", "-q", "tests"])]
+    runs = [("single-process", [sys.executable, "-m", "pytest", "-q", "-rs", "tests"])]
     for n in RANK_COUNTS:
         runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
-                                    "-q", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"]))
+                                    "-q", "-rs", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"]))
     totals = [run(name, command) for name, command in runs]
-    passed = sum(t[0] for t in totals)
-    failed = sum(t[1] for t in totals)
-    all_ok = all(t[2] for t in totals)
-    print(f"\nall: {passed} passed, {failed} failed", flush=True)
-    return 0 if all_ok else 1
+    print("\n" + summary(totals), flush=True)
+    return 0 if all(t[4] for t in totals) else 1
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def test_auto_without_cupy_is_the_cpu_and_gpu_is_an_error(monkeypatch):
     device, error = select_device("auto", {})
     assert not device.is_gpu and error is None
     device, error = select_device("gpu", {})
-    assert not device.is_gpu and "CuPy is not installed" in error and "zerompi[gpu]" in error
+    assert not device.is_gpu and "CuPy is not installed" in error and "pip install cupy-cuda12x" in error
 
 
 @pytest.mark.parametrize("count,failure", [(0, None), (2, RuntimeError("cudaErrorNoDevice: no CUDA-capable device\nmore"))])

@@ -9,11 +9,14 @@ brought up by tests/slurm/local_slurm.sh (root needed; .ci/run installs the pack
     mpirun in an allocation works (hydra starts its proxies with srun)
     wrong srun --mpi        N lone single-rank jobs are caught: one error line, exit 2
 
-The local Slurm rewrites /etc/slurm/slurm.conf and restarts slurmctld, slurmd and munged, so the
-tests start it only when ZEROMPI_LOCAL_SLURM=1 (.ci/run sets it); otherwise they are skipped.
+The local Slurm replaces /etc/slurm/slurm.conf (until it stops) and runs slurmctld, slurmd and
+munged, so the tests start it only when ZEROMPI_LOCAL_SLURM=1 (.ci/run sets it); otherwise they are
+skipped. What local_slurm.sh itself promises is in tests/test_local_slurm.py.
 """
+import datetime
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,13 +35,15 @@ ONE_NODE = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1"]   # the GPU
 SMALL = ["--hidden", "16", "--log-every", "0", "--report", "none", "--batch-size", "128"]
 
 
-@pytest.fixture(scope="module")
-def slurm():
-    """A running single-node Slurm; skipped (outside CI) where it cannot be started."""
+LOCAL_SLURM = os.path.join(ROOT, "tests", "slurm", "local_slurm.sh")
+
+
+def skip_without_local_slurm():
+    """Skip (fail in CI) where the tests may not or cannot start a local Slurm."""
     problem = None
     if os.environ.get("ZEROMPI_LOCAL_SLURM") != "1":
-        problem = ("set ZEROMPI_LOCAL_SLURM=1 to let the tests start a single-node Slurm here (it rewrites "
-                   "/etc/slurm/slurm.conf and restarts slurmctld, slurmd and munged)")
+        problem = ("set ZEROMPI_LOCAL_SLURM=1 (as root) to let the tests start a single-node Slurm here (it "
+                   "replaces /etc/slurm/slurm.conf until it stops, and runs slurmctld, slurmd and munged)")
     elif os.geteuid() != 0:
         problem = "needs root to start slurmctld, slurmd and munged"
     elif not shutil.which("slurmctld"):
@@ -47,10 +52,16 @@ def slurm():
         if os.environ.get("CI"):
             pytest.fail(f"Slurm tests cannot run in CI: {problem}")
         pytest.skip(problem)
-    subprocess.run([os.path.join(ROOT, "tests", "slurm", "local_slurm.sh"), "start"], check=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A running single-node Slurm; skipped (outside CI) where it cannot be started."""
+    skip_without_local_slurm()
+    subprocess.run([LOCAL_SLURM, "start"], check=True, timeout=120)
     yield
     subprocess.run(["scancel", "--user", "root"], timeout=60)
-    subprocess.run([os.path.join(ROOT, "tests", "slurm", "local_slurm.sh"), "stop"], timeout=60)
+    subprocess.run([LOCAL_SLURM, "stop"], timeout=60)
 
 
 def submit(script_or_wrap, tmp_path, *options, args=(), wait=True):
@@ -98,9 +109,12 @@ def test_signalled_job_checkpoints_requeues_resumes_and_matches_an_uninterrupted
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, timeout=60)
     deadline = time.time() + 240
+    delays = []
     while True:                               # requeued jobs wait ~2 min to start again: skip that
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r %S"], capture_output=True,
+                               text=True).stdout
         if "PENDING" in state and "BeginTime" in state:
+            delays.append((datetime.datetime.fromisoformat(state.split()[2]) - datetime.datetime.now()).total_seconds())
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=60)
         if not state.strip():
             break
@@ -108,6 +122,8 @@ def test_signalled_job_checkpoints_requeues_resumes_and_matches_an_uninterrupted
         time.sleep(0.5)
     output = job_output(tmp_path, job)
     assert "SIGUSR1: asking the ranks to checkpoint" in output and "requeueing" in output, output
+    assert "requeue delay (AuthInfo=cred_expire in slurm.conf, 120 s by default" in output, output
+    assert delays and 100 <= delays[0] <= 122, delays  # the delay the docs state: cred_expire (120 s) + 1
     text = open(log).read()
     assert text.count("signalled: checkpoint written") == 1 and "resumed from" in text, text
     assert "restart 1" in output
@@ -221,3 +237,57 @@ def test_mpirun_inside_an_allocation_is_not_mistaken_for_a_wrong_launch(slurm, t
     output = job_output(tmp_path, job)
     assert code == 0, output
     assert "zerompi: error" not in output and "ZeRO stage 3 on 4 ranks" in output
+
+
+def python_without_zerompi(tmp_path):
+    """A python that imports nothing installed (no site-packages, no PYTHONPATH)."""
+    fake = tmp_path / "bare-python"
+    fake.write_text("#!/bin/sh\nexec python3 -I -S \"$@\"\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.mark.timeout(120)
+def test_a_job_whose_python_lacks_zerompi_ends_with_one_line_before_any_rank(slurm, tmp_path):
+    code, job, result = submit("cpu_single_node.sbatch", tmp_path,
+                               f"--export=ALL,ZEROMPI_PYTHON={python_without_zerompi(tmp_path)}", args=["--steps", "2"])
+    output = job_output(tmp_path, job)
+    assert code == 2, result.stderr + output
+    (line,) = [line for line in output.splitlines() if "zerompi" in line]
+    assert line.startswith("zerompi: error: ") and "cannot import zerompi (ModuleNotFoundError" in line, output
+    assert "activate zerompi's environment before sbatch" in line and "ZEROMPI_PYTHON" in line
+    assert not os.path.exists(tmp_path / "runs"), os.listdir(tmp_path / "runs")
+
+
+@pytest.mark.timeout(120)
+def test_a_job_failing_on_bad_input_leaves_no_run_folder(slurm, tmp_path):
+    code, job, result = submit("cpu_single_node.sbatch", tmp_path, args=["--steps", "2", "--lr", "-1"])
+    output = job_output(tmp_path, job)
+    assert code == 2, result.stderr + output
+    assert output.count("zerompi: error: --lr must be positive") == 1, output
+    assert "the run wrote nothing; removed" in output
+    assert not os.path.exists(tmp_path / "runs"), os.listdir(tmp_path / "runs")
+
+
+@pytest.mark.timeout(120)
+def test_a_run_folder_that_was_there_before_the_job_is_kept(slurm, tmp_path):
+    """Only what the job itself created is removed: a run folder named by ZEROMPI_RUN_DIR stays."""
+    run_dir = tmp_path / "mine"
+    run_dir.mkdir()
+    code, job, result = submit("cpu_single_node.sbatch", tmp_path, f"--export=ALL,ZEROMPI_RUN_DIR={run_dir}",
+                               args=["--steps", "2", "--lr", "-1"])
+    assert code == 2, result.stderr + job_output(tmp_path, job)
+    assert os.listdir(run_dir) == ["train.log"]
+
+
+def test_every_zerompi_variable_the_project_reads_is_in_the_docs_table():
+    tracked = subprocess.run(["git", "ls-files", "zerompi", "slurm", "tests"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    used = set()
+    for name in tracked:
+        if os.path.isfile(os.path.join(ROOT, name)):
+            used |= set(re.findall(r"\bZEROMPI_[A-Z0-9_]+", open(os.path.join(ROOT, name), errors="replace").read()))
+    table = set(re.findall(r"^\| `(ZEROMPI_[A-Z0-9_]+)` \|", open(os.path.join(ROOT, "docs", "clusters-and-slurm.md"))
+                           .read(), re.MULTILINE))
+    assert {"ZEROMPI_PYTHON", "ZEROMPI_CUDA_AWARE", "ZEROMPI_SLURM_DIR"} <= used
+    assert used == table, f"not documented: {sorted(used - table)}; documented but unused: {sorted(table - used)}"

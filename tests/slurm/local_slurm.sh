@@ -1,28 +1,66 @@
 #!/usr/bin/env bash
 # A real single-node Slurm on localhost for the tests: Debian's slurmctld, slurmd and munge.
 #
-#   tests/slurm/local_slurm.sh start     write the config, start munged, slurmctld, slurmd; wait for idle
-#   tests/slurm/local_slurm.sh stop      stop the three daemons
+#   tests/slurm/local_slurm.sh start     back up the configuration files it replaces, write its own,
+#                                        start munged, slurmctld, slurmd; wait for the node to be idle
+#   tests/slurm/local_slurm.sh stop      stop the daemons it started (by the pids they wrote, never by
+#                                        name) and put back the files it replaced, byte for byte
 #
-# Needs root and the packages (`apt-get install slurmd slurmctld slurm-client munge`; .ci/run
-# installs them). The node declares 8 CPUs whatever the machine has (SlurmdParameters=
-# config_overrides), so that 4- and 8-rank jobs fit on a 2-core CI machine, oversubscribed; and 4
-# GPUs as a generic resource without devices, so that the GPU scripts' requests (--gpus-per-node,
-# --gpu-bind) are accepted and scheduled: the jobs then run with --device cpu.
+# What it started and what it replaced is kept in $state (below) until `stop`. It refuses to start
+# next to a munged, slurmctld or slurmd it did not start. Needs root and the packages (`apt-get
+# install slurmd slurmctld slurm-client munge`; .ci/run installs them). The node declares 8 CPUs
+# whatever the machine has (SlurmdParameters=config_overrides), so that 4- and 8-rank jobs fit on a
+# 2-core CI machine, oversubscribed; and 4 GPUs as a generic resource without devices, so that the
+# GPU scripts' requests (--gpus-per-node, --gpu-bind) are accepted and scheduled: the jobs then run
+# with --device cpu.
 set -euo pipefail
 action=${1:-start}
+state=/run/zerompi-local-slurm            # pids of the daemons it started; backups of replaced files
 conf=/etc/slurm/slurm.conf
+REPLACED=("$conf" /etc/slurm/gres.conf /etc/munge/munge.key)
+
+stop_daemon() {                            # by the pid recorded at start, if that process is still it
+    local name=$1 pid
+    [ -s "$state/$name.pid" ] || return 0
+    pid=$(cat "$state/$name.pid")
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] || return 0
+    kill "$pid" 2>/dev/null || return 0
+    for _ in $(seq 1 100); do
+        [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] || return 0
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+}
 
 stop() {
-    pkill -x slurmd 2>/dev/null || true
-    pkill -x slurmctld 2>/dev/null || true
-    pkill -x munged 2>/dev/null || true
+    [ -d "$state" ] || return 0
+    stop_daemon slurmd & stop_daemon slurmctld & wait
+    stop_daemon munged                     # last: the other two talk to it while they shut down
+    for file in "${REPLACED[@]}"; do       # put back what was there, remove what was not
+        backup=$state/backup$file
+        if [ -e "$backup" ]; then cp -p "$backup" "$file"; elif [ -e "$state/absent$file" ]; then rm -f "$file"; fi
+    done
+    rm -rf "$state"
 }
 
 if [ "$action" = stop ]; then stop; exit 0; fi
 
-stop
-sleep 0.5
+stop                                       # an earlier start of ours that was never stopped
+for daemon in munged slurmctld slurmd; do
+    if pid=$(pgrep -x "$daemon"); then
+        echo "slurm: a $daemon this script did not start is running (pid ${pid//$'\n'/ }): stop it first" >&2
+        exit 1
+    fi
+done
+mkdir -p "$state"
+trap '[ $? = 0 ] || stop' EXIT             # a start that fails leaves nothing running or replaced
+for file in "${REPLACED[@]}"; do
+    if [ -e "$file" ]; then
+        mkdir -p "$(dirname "$state/backup$file")" && cp -p "$file" "$state/backup$file"
+    else
+        mkdir -p "$(dirname "$state/absent$file")" && touch "$state/absent$file"
+    fi
+done
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge /etc/munge
 cat > "$conf" <<CONF
 ClusterName=zerompi
@@ -42,8 +80,8 @@ JobRequeue=1
 ReturnToService=2
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
+SlurmctldPidFile=$state/slurmctld.pid
+SlurmdPidFile=$state/slurmd.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 SchedulerParameters=defer_batch
@@ -61,13 +99,16 @@ fi
 chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
 chmod 0700 /etc/munge
 chmod 0400 /etc/munge/munge.key
-runuser -u munge -- /usr/sbin/munged
+rm -f /run/munge/munged.pid
+runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid
+for _ in $(seq 1 50); do [ -s /run/munge/munged.pid ] && break; sleep 0.1; done
+cp /run/munge/munged.pid "$state/munged.pid"
 slurmctld -c          # a clean start: no jobs or node states from an earlier run
 slurmd -N localhost
 for _ in $(seq 1 60); do
-    state=$(sinfo -h -n localhost -o %T 2>/dev/null || true)
-    if [ "$state" = idle ]; then echo "slurm: localhost idle"; exit 0; fi
+    node_state=$(sinfo -h -n localhost -o %T 2>/dev/null || true)
+    if [ "$node_state" = idle ]; then echo "slurm: localhost idle"; exit 0; fi
     sleep 0.5
 done
-echo "slurm: localhost did not become idle (state: ${state:-none}); see /var/log/slurm/" >&2
+echo "slurm: localhost did not become idle (state: ${node_state:-none}); see /var/log/slurm/" >&2
 exit 1

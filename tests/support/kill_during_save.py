@@ -8,16 +8,20 @@ On rank RANK, right after that rank has written its first shard file of step STE
 the process sends itself SIGKILL: the other ranks wait in the save's next agreement, the manifest
 is never written. The training is the real one (zerompi.train.run.main, real MPI); the driver only
 wraps zerompi.checkpoint.save.write_shard_file. Used by tests/test_checkpoint_cli.py and tests/test_slurm.py.
+`-c CODE` runs as python runs it (slurm/common.sh checks with it that zerompi imports).
 """
 import os
 import signal
 import sys
 
-from mpi4py import MPI
+if sys.argv[1:2] == ["-c"]:
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 
-import zerompi.checkpoint.save
-import zerompi.train.run
-from zerompi.checkpoint.files import step_folder_name
+from mpi4py import MPI  # noqa: E402
+
+import zerompi.checkpoint.save  # noqa: E402
+import zerompi.train.run  # noqa: E402
+from zerompi.checkpoint.files import step_folder_name  # noqa: E402
 
 rank, step = map(int, os.environ["ZEROMPI_KILL_DURING_SAVE"].split(":"))
 args = sys.argv[1:]

@@ -57,7 +57,7 @@ def select_device(choice, environ):
         import cupy
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:                   # no CuPy, no driver, no device: all mean "no GPU here"
-        reason = ("CuPy is not installed (pip install 'zerompi[gpu]')" if isinstance(e, ImportError)
+        reason = ("CuPy is not installed (pip install cupy-cuda12x, or cupy-cuda13x for CUDA 13)" if isinstance(e, ImportError)
                   else f"CuPy finds no usable GPU ({type(e).__name__}: {e})".splitlines()[0])
         return CPU(), (f"--device gpu: {reason}" if choice == "gpu" else None)
     if count == 0:

@@ -1,0 +1,99 @@
+"""tests/slurm/local_slurm.sh, the local Slurm of tests/test_slurm.py, leaves the machine as it found it:
+
+    the configuration files it replaces are back byte for byte after `stop`; the ones it created are gone
+    `stop` ends the daemons it started, by their pids: a process named slurmd it did not start survives
+    `start` refuses to run next to a slurmctld it did not start, and then touches nothing
+
+Run under the same conditions as tests/test_slurm.py (ZEROMPI_LOCAL_SLURM=1, root, Slurm installed),
+before it (file order): the local Slurm must not be running when these start.
+"""
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from test_slurm import LOCAL_SLURM, skip_without_local_slurm
+
+STATE = "/run/zerompi-local-slurm"          # local_slurm.sh: what it started and replaced
+CONF = "/etc/slurm/slurm.conf"
+GRES = "/etc/slurm/gres.conf"
+PLANTED = b"# a site's own slurm.conf, planted by tests/test_local_slurm.py\nClusterName=elsewhere\n"
+
+
+@pytest.fixture
+def local_slurm_stopped():
+    skip_without_local_slurm()
+    assert not os.path.exists(STATE), f"the local Slurm is running ({STATE} exists): stop it first"
+    saved = {path: open(path, "rb").read() for path in (CONF, GRES) if os.path.exists(path)}
+    yield
+    subprocess.run([LOCAL_SLURM, "stop"], timeout=60)
+    for path in (CONF, GRES):                   # the machine's own files, whatever the test did
+        if path in saved:
+            with open(path, "wb") as f:
+                f.write(saved[path])
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+def pids_started():
+    return {name: int(open(os.path.join(STATE, f"{name}.pid")).read()) for name in ("munged", "slurmctld", "slurmd")}
+
+
+def alive(pid):
+    return os.path.exists(f"/proc/{pid}")
+
+
+def impostor(tmp_path, name):
+    """A process whose name is `name` that local_slurm.sh did not start (a copy of sleep)."""
+    program = tmp_path / name
+    shutil.copy(shutil.which("sleep"), program)
+    return subprocess.Popen([str(program), "300"])
+
+
+@pytest.mark.timeout(180)
+def test_stop_puts_back_the_files_start_replaced_and_removes_those_it_created(local_slurm_stopped):
+    with open(CONF, "wb") as f:
+        f.write(PLANTED)
+    mode = os.stat(CONF).st_mode
+    if os.path.exists(GRES):
+        os.remove(GRES)
+    subprocess.run([LOCAL_SLURM, "start"], check=True, timeout=120)
+    assert open(CONF, "rb").read() != PLANTED and os.path.exists(GRES)     # its own, while it runs
+    subprocess.run([LOCAL_SLURM, "stop"], check=True, timeout=60)
+    assert open(CONF, "rb").read() == PLANTED and os.stat(CONF).st_mode == mode
+    assert not os.path.exists(GRES) and not os.path.exists(STATE)
+
+
+@pytest.mark.timeout(180)
+def test_stop_ends_the_daemons_it_started_and_spares_a_slurmd_it_did_not(local_slurm_stopped, tmp_path):
+    subprocess.run([LOCAL_SLURM, "start"], check=True, timeout=120)
+    started = pids_started()
+    assert all(alive(pid) for pid in started.values()), started
+    other = impostor(tmp_path, "slurmd")
+    try:
+        subprocess.run([LOCAL_SLURM, "stop"], check=True, timeout=60)
+        deadline = time.time() + 10
+        while any(alive(pid) for pid in started.values()) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in started.values()), started
+        assert other.poll() is None, "stop ended a slurmd it had not started"
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.timeout(60)
+def test_start_refuses_next_to_a_slurmctld_it_did_not_start_and_touches_nothing(local_slurm_stopped, tmp_path):
+    with open(CONF, "wb") as f:
+        f.write(PLANTED)
+    other = impostor(tmp_path, "slurmctld")
+    try:
+        result = subprocess.run([LOCAL_SLURM, "start"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1 and f"slurmctld this script did not start is running (pid {other.pid})" \
+            in result.stderr, result.stderr
+        assert other.poll() is None and open(CONF, "rb").read() == PLANTED and not os.path.exists(STATE)
+    finally:
+        other.kill()
+        other.wait()

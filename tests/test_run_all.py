@@ -1,0 +1,45 @@
+"""tests/run_all.py's summary counts what pytest reports, skipped tests included, with their reasons."""
+import collections
+import sys
+import textwrap
+
+from run_all import run, summary, tally
+
+SAMPLE = textwrap.dedent('''\
+    import pytest
+
+    def test_passes():
+        pass
+
+    @pytest.mark.parametrize("n", [1, 2, 3])
+    def test_needs_a_slurm(n):
+        pytest.skip("no Slurm here")
+
+    def test_needs_a_gpu():
+        pytest.skip("no GPU here: CuPy is not installed")
+
+    def test_fails():
+        assert 1 == 2
+    ''')
+
+
+def test_a_real_pytest_run_is_counted_with_its_skip_reasons(tmp_path):
+    (tmp_path / "test_sample.py").write_text(SAMPLE)
+    passed, failed, skipped, reasons, ok = run("sample", [sys.executable, "-m", "pytest", "-q", "-rs", "-p",
+                                                          "no:cacheprovider", str(tmp_path)])
+    assert (passed, failed, skipped, ok) == (1, 1, 4, False)
+    assert reasons == {"no Slurm here": 3, "no GPU here: CuPy is not installed": 1}
+
+
+def test_the_summary_sums_the_runs_and_groups_the_skip_reasons():
+    first = (10, 0, 3, collections.Counter({"no Slurm here": 3}), True)
+    second = (5, 1, 2, collections.Counter({"no Slurm here": 1, "needs 4 ranks": 1}), False)
+    assert summary([first, second]).splitlines() == [
+        "all: 15 passed, 1 failed, 5 skipped",
+        "  skipped    4: no Slurm here",
+        "  skipped    1: needs 4 ranks",
+    ]
+
+
+def test_a_line_without_a_summary_counts_nothing():
+    assert tally(["collected 0 items\n"]) == (0, 0, 0, collections.Counter())
