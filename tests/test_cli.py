@@ -195,8 +195,8 @@ def _fifo(name):
 
 
 def _a_folder(folder):
-    os.mkdir(os.path.join(folder, "out"))
-    return "out"
+    os.mkdir(os.path.join(folder, "out.npz"))
+    return "out.npz"
 
 
 def _a_file(folder):

@@ -82,15 +82,15 @@ def test_an_output_onto_the_checkpoints_is_refused(inputs, flag, output):
     if output.startswith("ck/step_00000004/"):
         from_folder = verdict("--resume", "ck/step_00000004", flag, output)
         assert from_folder and "would replace" in from_folder, from_folder
-    assert verdict("--save-dir", "ck", flag, "ck/notes.json") is None        # beside the checkpoints: fine
+    assert verdict("--save-dir", "ck", flag, "ck/notes.npz") is None        # beside the checkpoints: fine
 
 
 def test_other_paths_are_fine(inputs):
     os.mkdir("ck")
     assert verdict("--data", "data.npz", "--init-weights", "w.npz", "--config", "run.toml", "--save-weights",
                    "out.npz", "--metrics", "m.jsonl", "--trace", "t.json", "--save-dir", "ck") is None
-    np.savez("digits", a=np.zeros(1))                        # --data digits is the shipped set, not this file
-    assert verdict("--data", "digits", "--save-weights", "digits") is None
+    np.savez("digits.npz", a=np.zeros(1))                    # --data digits is the shipped set, not a file
+    assert verdict("--data", "digits", "--save-weights", "digits.npz") is None
     assert verdict("--data", "missing.npz", "--save-weights", "missing.npz") is None   # the load reports it
 
 
@@ -106,3 +106,14 @@ def test_an_impossible_output_width_is_refused_before_building(monkeypatch):
                        "(9,000,000,520 parameters, stage 3, float32, 2 ranks) needs 72.0 GB, more than the 32.0 GB "
                        "this process can still allocate")
     assert model_memory_error([64, 8, 10], cfg, num_ranks=2, ranks_on_node=2) is None
+
+
+@pytest.mark.parametrize("name", ["w.safetensors", "w.NPZ", "weights"])
+def test_save_weights_must_be_named_as_the_npz_it_writes(tmp_path, monkeypatch, name):
+    """--save-weights writes a consolidated .npz; --init-weights picks its reader by the suffix,
+    so an .npz under another name could not be read back as what its name says."""
+    monkeypatch.chdir(tmp_path)
+    assert verdict("--save-weights", name) == (
+        f"--save-weights {name} writes a consolidated .npz, so its name must end in .npz (for safetensors: "
+        f"--save-dir, then python -m zerompi.checkpoint export CKPT OUT.safetensors)")
+    assert verdict("--save-weights", "w.npz") is None

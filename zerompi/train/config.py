@@ -447,7 +447,11 @@ def check_config(cfg, num_ranks):
         return f"--collective-timeout must be >= 0 seconds (0: off), got {cfg.collective_timeout}"
     if not cfg.loss_scale > 0 or not cfg.min_loss_scale > 0:
         return f"--loss-scale and --min-loss-scale must be positive, got {cfg.loss_scale}, {cfg.min_loss_scale}"
-    return output_overwrites_input(cfg)
+    overwrites = output_overwrites_input(cfg)
+    if overwrites is None and cfg.save_weights and not cfg.save_weights.endswith(".npz"):   # read by suffix
+        return (f"--save-weights {cfg.save_weights} writes a consolidated .npz, so its name must end in .npz "
+                f"(for safetensors: --save-dir, then python -m zerompi.checkpoint export CKPT OUT.safetensors)")
+    return overwrites
 
 
 OUTPUT_FLAGS = ("save_weights", "metrics", "trace")
