@@ -671,7 +671,7 @@ def test_resuming_a_default_batch_run_on_another_n_says_how_to_continue(tmp_path
     run = launch(3, "--steps", 4, *common, "--resume", cwd=tmp_path)                # 48: refused
     assert run.returncode == 2, run.describe()
     error_line = next(line for line in run.output.splitlines() if ERROR_MARK in line)
-    assert "--batch-size 32, this run has 48" in error_line, run.describe()
+    assert "--batch-size 32, this run has 48 (= 16 rows per rank x 1 x the ranks)" in error_line, run.describe()
     run = train_ok(4, "--steps", 4, *common, "--resume", "--batch-size", 32, cwd=tmp_path)
     assert "global batch 32 = 4 ranks x 1 micro-batches x 8 rows" in run.stdout, run.describe()
     assert "resumed from" in run.stdout and "at step 2" in run.stdout, run.describe()

@@ -436,3 +436,14 @@ def test_schedule_rejects_negative_step_and_seed():
         BatchSchedule(num_samples=10, global_batch=2, seed=0, shuffle=False).global_indices(-1)
     with pytest.raises(DataError, match="seed"):
         BatchSchedule(num_samples=10, global_batch=2, seed=-1, shuffle=True)
+
+
+def test_a_default_batch_larger_than_the_data_says_where_it_came_from():
+    """With no batch option the global batch is 16 rows x N: at N = 94 it exceeds the 1497 digits,
+    and the line names the split, not a --batch-size the user never gave."""
+    from zerompi.train.config import parse_args
+    from zerompi.train.data import load_data
+    data, error = load_data(parse_args([], num_ranks=94), 1)
+    assert data is None and error == ("the global batch 1504 (16 rows x 1 micro-batch x 94 ranks) is larger than "
+                                      "the 1497 training samples of digits: pass a smaller --batch-size or "
+                                      "--micro-batch-size")

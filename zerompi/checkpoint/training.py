@@ -125,7 +125,10 @@ def _unrepresentable(engine, source):
 def _data_order_mismatch(state, cfg, folder):
     for key, flag in (("seed", "--seed"), ("shuffle", "--shuffle"), ("batch_size", "--batch-size")):
         if state[key] != getattr(cfg, key):
-            return (f"{folder} was written with {flag} {state[key]}, this run has {getattr(cfg, key)}: "
+            value = getattr(cfg, key)
+            if key == "batch_size":              # the global batch: say where it comes from
+                value = f"{value} (= {cfg.micro_batch_size} rows per rank x {cfg.grad_accum} x the ranks)"
+            return (f"{folder} was written with {flag} {state[key]}, this run has {value}: "
                     f"the data order would not continue; pass the same {flag}")
     return None
 

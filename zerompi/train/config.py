@@ -516,3 +516,4 @@ def model_memory_error(sizes, cfg, num_ranks, ranks_on_node):
     except ArgumentError as e:
         return str(e)
     return None
+
