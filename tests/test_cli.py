@@ -103,7 +103,7 @@ def files_under(folder):
 def loss_lines(output):
     """The progress lines without their timing columns, time per step and elapsed time (the only
     parts that may differ by run)."""
-    return [re.sub(r" +[\d.e+]+ m?s/step  [\d:]+$", "", line) for line in output.splitlines()
+    return [re.sub(r" +[\d.e+]+ [um]?s/step  [\d:]+$", "", line) for line in output.splitlines()
             if line.startswith("step ") and "loss" in line]
 
 

@@ -106,9 +106,10 @@ class TrainConfig:
     log_every: int = option(25, "steps between progress lines (0: none)", OUTPUT)
     report: str = option("table", "end-of-run ledger; json: stdout holds only the JSON report, progress goes "
                          "to stderr", OUTPUT, choices=REPORT_CHOICES)
-    progress: str = option("auto", "live: a live step/loss/samples-per-second/ETA line on rank 0 (under "
-                           "mpirun the ranks' output is a pipe: pass live); lines: the log lines only; "
-                           "auto: live on a terminal", OUTPUT, choices=PROGRESS_CHOICES)
+    progress: str = option("auto", "live: a live step/loss/steps-per-second/ETA line on rank 0; lines: the "
+                           "log lines only; auto: live only where the output really is a terminal (not "
+                           "in files, Slurm jobs, MPICH's mpirun; docs/observability.md)", OUTPUT,
+                           choices=PROGRESS_CHOICES)
     metrics: str = option("", "write one JSON object per step to this .jsonl file (zerompi/train/metrics.py)",
                           OUTPUT, metavar="FILE")
     tensorboard: str = option("", "write the per-step metrics as TensorBoard scalars into this folder (needs "

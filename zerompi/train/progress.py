@@ -17,9 +17,10 @@ A window in which every step was skipped has no loss, accuracy or norm to averag
     step  25/300  all 25 steps skipped  lr 3.0e-3  scale 512  9.45 ms/step  0:02
 
 A line that would be longer than 80 columns leaves out, in this order, lr, |g| and the loss scale
-(all three are in --metrics, and every loss-scale change is a line of its own): float32 lines keep
-every field up to 10**5 steps, fp16 lines with skipped steps keep the loss and the scale up to
-10**6.
+(all three are in --metrics, and every loss-scale change is a line of its own). The default run
+(300 steps) keeps every field; from about 1000 steps, or 10 minutes, lr is left out; an fp16 line
+with skipped steps keeps the scale up to 999 steps; step, loss, accuracy, the skipped count and the
+times always fit (up to 10**6 steps).
 """
 import time
 
@@ -86,9 +87,11 @@ def format_lr(lr):
 
 
 def format_step_time(seconds):
-    """Three significant digits, always 13 columns (so that which fields fit never depends on the
-    timing): ` 9.45 ms/step`, `  145 ms/step`, `  1.23 s/step`."""
-    return f"{1e3 * seconds:5.3g} ms/step" if seconds < 0.9995 else f"{seconds:6.3g} s/step"
+    """Three significant digits, always 12 columns (so that which fields fit never depends on the
+    timing): `9.45 ms/step`, ` 145 ms/step`, `1.23  s/step`, ` 912 us/step`."""
+    if seconds < 0.0009995:
+        return f"{1e6 * seconds:4.3g} us/step"
+    return f"{1e3 * seconds:4.3g} ms/step" if seconds < 0.9995 else f"{seconds:4.3g}  s/step"
 
 
 def format_elapsed(seconds):

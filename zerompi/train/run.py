@@ -16,9 +16,9 @@ Step s's global batch of G rows is cut into M micro-batches (--grad-accum) of G/
 rank takes its b = G / (M N) rows of each (zerompi/train/batches.py): the run computes what one
 process would compute on the whole batch, for every stage, N and M.
 
-Weights and checkpoints come first: --metrics and --trace are side files, and a write of theirs
-that fails during the run costs one warning line (zerompi/train/metrics.py,
-zerompi/observe/trace.py), never the run. Inside the loop an inf or NaN gets one verdict
+Weights and checkpoints come first: --metrics, --tensorboard and --trace are side files, and a
+write of theirs that fails during the run costs one warning line (zerompi/train/metrics.py,
+zerompi/train/tensorboard.py, zerompi/observe/trace.py), never the run. Inside the loop an inf or NaN gets one verdict
 (zerompi/train/divergence.py), not a RuntimeWarning from every rank.
 
 Exit status (zerompi/exit_codes.py): OK 0 done; BAD_INPUT 2 (one line on stderr); DIVERGED 3 a
