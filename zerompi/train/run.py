@@ -131,16 +131,15 @@ def setup(cfg, comm, out):
                    if first_step > cfg.steps else None)
     comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
     batches = MicroBatches(cfg, comm, data, precision.compute, rows)
-    live = comm.rank == 0 and live_progress(cfg.progress, out, os.environ)     # zerompi/train/destination.py
-    status = StatusLine(out, first_step, cfg.steps) if live else None
-    out = status or out                                      # log lines scroll above the live line
-    progress = Progress(cfg, comm, out)
     metrics = start_metrics(cfg, comm, engine, lineage["restarts"])
     tracer = start_trace(cfg, comm, engine)
     state = RunState(cfg=cfg, comm=comm, out=out, data=data, precision=precision, engine=engine, rows=rows,
-                     scaler=scaler, first_step=first_step, lineage=lineage, batches=batches, status=status,
-                     progress=progress, metrics=metrics, tracer=tracer)
+                     scaler=scaler, first_step=first_step, lineage=lineage, batches=batches, status=None,
+                     progress=None, metrics=metrics, tracer=tracer)
     print_header(state, sizes, note)
+    if comm.rank == 0 and live_progress(cfg.progress, out, os.environ):     # zerompi/train/destination.py
+        state.status = state.out = StatusLine(out, first_step, cfg.steps)   # log lines scroll above it
+    state.progress = Progress(cfg, comm, state.out)
     return state
 
 
@@ -169,7 +168,7 @@ def print_header(state, sizes, note):
     held_out = "" if data.x_test is None else f", {data.x_test.shape[0]} held out"
     lines = [f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks, {cfg.dtype}, {cfg.steps} steps",
              f"model: MLP {'-'.join(map(str, sizes))} ({engine.layout.num_params:,} parameters)",
-             f"data: {data.name}, {data.x_train.shape[0]} train{held_out}",
+             f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
              f"global batch {cfg.batch_size} = {comm.size} ranks x {cfg.grad_accum} micro-batches x "
              f"{state.rows} rows"]
     if comm.device.is_gpu:
