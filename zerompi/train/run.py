@@ -163,7 +163,8 @@ HEADER_WIDTH = 80
 
 def print_header(state, sizes, note):
     """Rank 0: what is trained, how and on what; the device; what a resumed checkpoint changed.
-    Lines of at most 80 columns (a longer one wraps, indented)."""
+    The header's lines have at most 80 columns (a longer one, from a long data path or many
+    layers, wraps, indented)."""
     cfg, comm, data, engine = state.cfg, state.comm, state.data, state.engine
     held_out = "" if data.x_test is None else f", {data.x_test.shape[0]} held out"
     lines = [f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks, {cfg.dtype}, {cfg.steps} steps",
@@ -173,11 +174,11 @@ def print_header(state, sizes, note):
              f"{state.rows} rows"]
     if comm.device.is_gpu:
         lines.append(f"device: {comm.device.name} on rank 0, {comm.describe_transport()}")
-    if note:
-        lines += note.split("\n")
     for line in lines:
         comm.print0(textwrap.fill(line, HEADER_WIDTH, subsequent_indent="  ", break_on_hyphens=False),
                     file=state.out)
+    if note:                    # one line each, as the checkpoint code words them (searchable whole)
+        comm.print0(note, file=state.out)
 
 
 def train_loop(state, signals):
