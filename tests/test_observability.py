@@ -6,16 +6,22 @@
                 --log-every steps and the last, equal to the report's; a resumed run appends
     --trace     parses as Chrome trace JSON; every rank has step, compute and comm spans, properly
                 nested in their steps and in algorithm order; its collectives are the ledger's calls
-    progress    the formatter and the redraw protocol; a real run on a pty draws the live line,
-                --progress lines does not; bad --metrics / --trace / --progress values are errors
+    progress    a real run on a pty draws the live line, --progress lines does not; bad --metrics /
+                --trace / --progress values are errors (where auto draws it, and how wide:
+                tests/test_progress_display.py)
+    restarts    every metrics line carries its wall-clock time and how many times the training
+                was restarted from a checkpoint, across resumes and from a checkpoint without the count
 """
-import io
+import fcntl
 import json
 import os
 import pty
 import re
+import struct
 import subprocess
 import sys
+import termios
+import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -25,9 +31,9 @@ from test_cli import ERROR_MARK, files_under, launch, loss_lines, train_ok
 from zerompi.step import StepResult
 from zerompi.train.progress import Progress
 from zerompi.ledger import MEMORY_KINDS
-from zerompi.train.status_line import ERASE_LINE, StatusLine, format_seconds, format_status
+from zerompi.checkpoint.files import MANIFEST, manifest_text
 
-METRICS_KEYS = {"step", "loss", "accuracy", "lr", "grad_norm", "applied", "loss_scale", "step_seconds",
+METRICS_KEYS = {"step", "time", "restarts", "loss", "accuracy", "lr", "grad_norm", "applied", "loss_scale", "step_seconds",
                 "samples_per_second", "comm"}
 
 
@@ -62,8 +68,8 @@ def test_metrics_lines_match_the_printed_loss_and_the_ledger(tmp_path, stage):
     for text, window in zip(printed, (lines[0:3], lines[3:6], lines[6:7])):
         loss = sum(line["loss"] for line in window) / len(window)
         accuracy = 100 * sum(line["accuracy"] for line in window) / len(window)
-        assert f"loss {loss:.4f}" in text, (text, loss)
-        assert f"train acc {accuracy:5.1f}%" in text, (text, accuracy)
+        assert f"loss {loss:.4g}" in text, (text, loss)
+        assert f"acc {accuracy:.1f}%" in text, (text, accuracy)
 
     # communication: the per-step deltas add up to the report's ledger totals (rank 0)
     report = json.loads(run.stdout)
@@ -164,38 +170,18 @@ def test_trace_with_overlap_has_the_communication_threads_collectives(tmp_path):
 # progress display
 # ----------------------------------------------------------------------------------------------
 
-def test_status_formatter():
-    assert format_status(42, 300, 0.123456, 18204.4, 3.25, 61) == \
-        "step  42/300 | loss 0.1235 | 18,204 samples/s | 3.2 s elapsed | ETA 1:01"
-    assert format_seconds(59.94) == "59.9 s" and format_seconds(3725) == "1:02:05"
-
-
-def test_status_line_keeps_the_live_line_below_the_log():
-    stream = io.StringIO()
-    status = StatusLine(stream, first_step=0, steps=10, batch_size=64)
-    print("header", file=status)
-    assert stream.getvalue() == "header\n"                        # nothing drawn yet: plain text
-    status.update(1, 2.5)
-    live = status.text
-    assert live.startswith("step  1/10 | loss 2.5000") and "ETA" in live
-    assert stream.getvalue().endswith("\r" + ERASE_LINE + live + "\r")
-    status.update(2, 2.4)                                         # within 0.1 s: not redrawn
-    assert status.text == live
-    print("step 2/10 | a log line", file=status)                  # erased, written, redrawn below
-    assert stream.getvalue().endswith(ERASE_LINE + "step 2/10 | a log line" + ERASE_LINE + "\n" + live + "\r")
-    status.update(10, 2.0)                                        # the last step always redraws
-    assert status.text.startswith("step 10/10 | loss 2.0000")
-    status.close()
-    assert stream.getvalue().endswith(ERASE_LINE) and status.text == ""
-    print("after", file=status)
-    assert stream.getvalue().endswith(ERASE_LINE + "after\n")
-
-
-def run_on_pty(*flags, cwd, expected_status=0):
-    """python -m zerompi.train (one rank, no mpirun) with stdout and stderr on a pseudo-terminal."""
+def open_terminal(columns):
+    """A pseudo-terminal (leader, follower) of `columns` x 24 characters (a fresh one has 0 x 0)."""
     leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    return leader, follower
+
+
+def run_on_pty(*flags, cwd, expected_status=0, columns=80, env=None):
+    """python -m zerompi.train (one rank, no mpirun) with stdout and stderr on a pseudo-terminal."""
+    leader, follower = open_terminal(columns)
     process = subprocess.Popen([sys.executable, "-m", "zerompi.train", *map(str, flags)], cwd=cwd,
-                               stdout=follower, stderr=follower, stdin=subprocess.DEVNULL)
+                               stdout=follower, stderr=follower, stdin=subprocess.DEVNULL, env=env)
     os.close(follower)
     chunks = []
     while True:
@@ -214,26 +200,27 @@ def run_on_pty(*flags, cwd, expected_status=0):
 def test_live_line_on_a_terminal_and_plain_lines_otherwise(tmp_path):
     flags = ("--steps", 40, "--hidden", 16, "--log-every", 20, "--report", "none")
     text = run_on_pty(*flags, cwd=tmp_path)
-    assert "\r" + ERASE_LINE + "step 40/40 | loss " in text and " samples/s | " in text and "| ETA 0.0 s\r" in text
-    assert "step 20/40 | loss" in text and "held-out accuracy" in text      # the log lines are still there
+    assert re.search(r"\rstep \d+/40 \|.*\| loss [\d.]+ \| [\d.]+ steps/s \| 00:00<00:00", text), text
+    assert re.search(r"\rstep 20/40  loss [^\r]*\r\n", text) and "held-out accuracy" in text   # log lines, whole
     plain = run_on_pty(*flags, "--progress", "lines", cwd=tmp_path)
-    assert "\x1b[" not in plain and "samples/s" not in plain and "step 20/40 | loss" in plain
+    assert "\r\n" in plain and "\x1b[" not in plain.replace("\r\n", "") and "steps/s" not in plain
+    assert "\r" not in plain.replace("\r\n", "") and "step 20/40  loss" in plain
     piped = train_ok(1, *flags, cwd=tmp_path)                    # auto, not a terminal: plain lines
-    assert "\x1b[" not in piped.output and "step 20/40 | loss" in piped.stdout
+    assert "\x1b[" not in piped.output and "\r" not in piped.output and "step 20/40  loss" in piped.stdout
 
 
 def test_a_diverged_run_erases_the_live_line_before_its_error(tmp_path):
     text = run_on_pty("--steps", 40, "--hidden", 16, "--log-every", 0, "--report", "none", "--lr", "1e6",
                       "--progress", "live", cwd=tmp_path, expected_status=3)
     before_error = text[:text.index("zerompi: error:")]
-    assert "step " in before_error and before_error.endswith("\r" + ERASE_LINE)   # the live line, then erased
+    assert "steps/s" in before_error and re.search(r"\r +\r$", before_error), before_error  # drawn, then erased
 
 
 def test_progress_live_under_mpirun_draws_on_rank_0_only(tmp_path):
     run = train_ok(2, "--steps", 30, "--hidden", 16, "--log-every", 0, "--report", "none", "--progress", "live",
                    cwd=tmp_path)
-    assert run.stdout.count("step 30/30 | loss") == 1                # drawn once, by rank 0
-    assert run.stdout.count("held-out accuracy") == 1 and "\x1b[" in run.stdout
+    assert run.stdout.count("step 0/30 |") == 1 and "steps/s" in run.stdout     # drawn by rank 0 alone
+    assert run.stdout.count("held-out accuracy") == 1
 
 
 @pytest.mark.parametrize("flags, keyword", [
@@ -316,8 +303,8 @@ def test_a_log_window_in_which_every_step_was_skipped_says_so():
     for _ in range(2):
         progress.add(StepResult(loss=float("nan"), correct=0, grad_norm=float("inf"), applied=False))
     progress.print_line(4, 1e-3, SimpleNamespace(enabled=True, scale=8192.0))
-    assert len(printed) == 1 and "loss 0.0000" not in printed[0] and "train acc" not in printed[0], printed
-    assert printed[0].startswith("step  4/10 | all 2 steps skipped | lr 1.00e-03 | loss scale 8192 | "), printed
+    assert len(printed) == 1 and "loss" not in printed[0] and "acc" not in printed[0], printed
+    assert printed[0].startswith("step  4/10  all 2 steps skipped  lr 1.0e-3  scale 8192  "), printed
 
 
 def test_a_tiny_collective_timeout_does_not_make_the_watchdog_spin():
@@ -327,3 +314,38 @@ def test_a_tiny_collective_timeout_does_not_make_the_watchdog_spin():
     watchdog = CollectiveWatchdog(1e-300, rank=0, abort=lambda code: None)
     assert watchdog.poll >= 0.01
     assert CollectiveWatchdog(600, rank=0, abort=lambda code: None).poll == 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Wall-clock time and restarts in every metrics line
+# ----------------------------------------------------------------------------------------------
+
+def test_metrics_lines_carry_time_and_the_restart_count_across_resumes(tmp_path):
+    flags = ("--hidden", 8, "--batch-size", 16, "--log-every", 0, "--report", "none", "--metrics", "m.jsonl",
+             "--save-dir", "ckpt")
+    before = time.time()
+    train_ok(2, *flags, "--steps", 2, cwd=tmp_path)
+    train_ok(2, *flags, "--steps", 4, "--resume", cwd=tmp_path)
+    env = dict(os.environ, SLURM_RESTART_COUNT="7")              # Slurm's own count, recorded beside
+    run = launch(2, *flags, "--steps", 6, "--resume", cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.describe()
+    lines = read_jsonl(tmp_path / "m.jsonl")
+    assert [(line["step"], line["restarts"]) for line in lines] == [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2)]
+    times = [line["time"] for line in lines]
+    assert before < times[0] and times == sorted(times) and times[-1] <= time.time()
+    assert [line.get("slurm_restarts") for line in lines] == [None] * 4 + [7, 7]
+    with open(tmp_path / "ckpt" / "step_00000006" / MANIFEST) as f:
+        assert json.load(f)["restarts"] == 2
+
+
+def test_a_checkpoint_without_the_restart_count_is_counted_from_there(tmp_path):
+    """A manifest written before the count was kept (no "restarts"): its run counts as 0 restarts."""
+    flags = ("--hidden", 8, "--batch-size", 16, "--log-every", 0, "--report", "none", "--save-dir", "ckpt")
+    train_ok(2, *flags, "--steps", 2, cwd=tmp_path)
+    path = tmp_path / "ckpt" / "step_00000002" / MANIFEST
+    with open(path) as f:
+        manifest = json.load(f)
+    manifest = {key: value for key, value in manifest.items() if key not in ("restarts", "manifest_sha256")}
+    path.write_text(manifest_text(manifest))
+    train_ok(2, *flags, "--steps", 3, "--resume", "--metrics", "m.jsonl", cwd=tmp_path)
+    assert [line["restarts"] for line in read_jsonl(tmp_path / "m.jsonl")] == [1]

@@ -34,6 +34,8 @@ manifest.json:
     seed, shuffle, batch_size                                 how the data order continues
     parent                                                    the step folder (in the same save_dir)
                                                               this run continued from, or null
+    restarts                                                  times the training was restarted from
+                                                              a checkpoint (older manifests: absent, 0)
     run: {steps, lr, lr_schedule, ...}                        the writer's other settings
     stage, ranks, dtype, sizes                                who wrote it (any stage/N can read it)
     units: [{names, shapes, numel, padded, shard_size, shard_offset}]   the writer's layout
@@ -308,8 +310,8 @@ def _is_count(value, least=0):
 
 
 def _check_numbers(path, m):
-    for key in ("ranks", "step", "adam_steps", "loss_scale_good_steps", "block_bytes"):
-        if not _is_count(m[key]):
+    for key in ("ranks", "step", "adam_steps", "loss_scale_good_steps", "block_bytes", "restarts"):
+        if not _is_count(m.get(key, 0)):                  # restarts: absent in older manifests
             raise CheckpointError(f"{path}: {key} must be a non-negative integer, not {m[key]!r}")
     if m["ranks"] < 1 or m["block_bytes"] < 1:
         raise CheckpointError(f"{path}: ranks and block_bytes must be positive")

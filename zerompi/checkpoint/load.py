@@ -47,5 +47,6 @@ def load_checkpoint(engine, folder):
     stage.adam.t = int(manifest["adam_steps"])
     state = {key: manifest[key] for key in TRAINING_STATE}
     state["run"] = manifest.get("run", {})        # the settings of the run that wrote it
+    state["restarts"] = manifest.get("restarts", 0)   # absent in older manifests: counted from there
     state["note"] = reader.note
     return state

@@ -30,7 +30,10 @@ from .save import save_checkpoint
 
 def start_from(engine, cfg, scaler):
     """Collective. Lock --save-dir, set the starting weights; returns (first step, notes for the
-    log or None, lineage: {"parent": the resumed checkpoint's folder name when it lies in --save-dir})."""
+    log or None, lineage: {"parent": the resumed checkpoint's folder name when it lies in --save-dir,
+    "restarts": how many times this training was restarted from a checkpoint, this run included}).
+    A fresh run (also --init-weights, or --resume with no checkpoint yet) has 0 restarts; a resumed
+    one the checkpoint's count + 1, a checkpoint written before the count was kept counting as 0."""
     comm = engine.comm
     notes = []
     if cfg.save_dir:
@@ -63,7 +66,8 @@ def start_from(engine, cfg, scaler):
         notes.append(f"no checkpoint in {cfg.save_dir} yet: starting from step 0")
     in_save_dir = (folder is not None and cfg.save_dir and
                    os.path.dirname(os.path.abspath(folder)) == os.path.abspath(cfg.save_dir))
-    lineage = {"parent": os.path.basename(os.path.abspath(folder)) if in_save_dir else None}
+    lineage = {"parent": os.path.basename(os.path.abspath(folder)) if in_save_dir else None,
+               "restarts": 0 if state is None else state["restarts"] + 1}
     if state is None:
         return 0, _lines(notes), lineage
     if scaler.enabled and state["dtype"] == "float16":      # another dtype's scale (1.0) means nothing here
@@ -135,10 +139,11 @@ def _data_order_mismatch(state, cfg, folder):
 
 def save_training_checkpoint(engine, cfg, step, scaler, lineage):
     """Collective: checkpoint after `step` steps into --save-dir; exits on failure (status 2).
-    lineage: {"parent": the previous checkpoint's folder name in --save-dir, or None}."""
+    lineage: {"parent": the previous checkpoint's folder name in --save-dir, or None, "restarts"}."""
     state = {"step": step, "loss_scale": scaler.scale, "loss_scale_good_steps": scaler.good_steps,
              "seed": cfg.seed, "shuffle": cfg.shuffle, "batch_size": cfg.batch_size,
-             "parent": lineage["parent"], "run": {key: value for key, _, value in _run_settings(cfg)}}
+             "parent": lineage["parent"], "restarts": lineage["restarts"],
+             "run": {key: value for key, _, value in _run_settings(cfg)}}
     error, published = save_checkpoint(engine, cfg.save_dir, state, cfg.keep_last)
     engine.comm.check_all(error)
     lineage["parent"] = published           # rank 0 writes the manifests; the others keep None

@@ -7,7 +7,8 @@
     batches.py       this rank's rows of each micro-batch, gathered on the device
     schedule.py      learning-rate schedule           loss_scale.py   fp16 dynamic loss scaling
     divergence.py    the stop on a diverged run       launch.py       launcher and thread checks
-    progress.py      the progress line                status_line.py  the live progress line
-    metrics.py       per-step JSON lines              report.py       the end-of-run ledger report
+    progress.py      the progress line                status_line.py  the live progress line (tqdm)
+    destination.py   where --progress auto draws it   tensorboard.py  --tensorboard event files
+    metrics.py       per-step records, JSON lines     report.py       the end-of-run ledger report
     signals.py       SIGINT, SIGTERM, SIGUSR1: a checkpoint and exit, or the end of the run
 """

@@ -132,11 +132,14 @@ class TrainConfig:
     log_every: int = option(25, "steps between progress lines (0: none)", OUTPUT, metavar="STEPS")
     report: str = option("table", "end-of-run ledger; json: stdout holds only the JSON report, progress goes "
                          "to stderr", OUTPUT, choices=REPORT_CHOICES)
-    progress: str = option("auto", "live: a live step/loss/samples-per-second/ETA line on rank 0 (under "
-                           "mpirun the ranks' output is a pipe: pass live); lines: the log lines only; "
-                           "auto: live on a terminal", OUTPUT, choices=PROGRESS_CHOICES)
+    progress: str = option("auto", "live: a live step/loss/steps-per-second/ETA line on rank 0; lines: the "
+                           "log lines only; auto: live only where the output really is a terminal (not "
+                           "in files, Slurm jobs, MPICH's mpirun; docs/observability.md)", OUTPUT,
+                           choices=PROGRESS_CHOICES)
     metrics: str = option("", "write one JSON object per step to this .jsonl file (zerompi/train/metrics.py)",
                           OUTPUT, metavar="FILE")
+    tensorboard: str = option("", "write the per-step metrics as TensorBoard scalars into this folder (needs "
+                              "the tensorboard extra; zerompi/train/tensorboard.py)", OUTPUT, metavar="DIR")
     trace: str = option("", "write every rank's compute and communication spans to this Chrome trace .json "
                         "file (open it in https://ui.perfetto.dev)", OUTPUT, metavar="FILE")
 
@@ -454,15 +457,16 @@ def check_config(cfg, num_ranks):
     return overwrites
 
 
-OUTPUT_FLAGS = ("save_weights", "metrics", "trace")
+OUTPUT_FLAGS = ("save_weights", "metrics", "trace", "tensorboard")
 INPUT_FLAGS = ("data", "init_weights", "config", "deepspeed_config")
 
 
 def output_overwrites_input(cfg):
-    """One line if an output (--save-weights, --metrics, --trace) is an input (--data,
+    """One line if an output (--save-weights, --metrics, --trace, --tensorboard) is an input (--data,
     --init-weights, --config, --deepspeed-config) by any name: the same (st_dev, st_ino) where the
     output exists, so symlinks and hard links count; or if --save-dir is or holds an input (by
-    real path); or if two outputs are one file. None if no output touches an input or another output."""
+    real path); or if two outputs are one file; or if --tensorboard's folder is a checkpoint folder.
+    None if no output touches an input or another output."""
     inputs = [(_flag_name(name), getattr(cfg, name)) for name in INPUT_FLAGS
               if getattr(cfg, name) and os.path.exists(getattr(cfg, name))
               and not (name == "data" and cfg.data in BUILTIN_DATA)]
@@ -483,6 +487,9 @@ def output_overwrites_input(cfg):
                    (resumed and replaces_checkpoint_file(path, os.path.dirname(os.path.abspath(resumed)), resumed)))
         if problem:
             return f"{flag} {problem}: write it elsewhere"
+    if cfg.tensorboard and any(folder and os.path.realpath(cfg.tensorboard) == os.path.realpath(folder)
+                               for folder in (cfg.save_dir, resumed)):
+        return f"--tensorboard {cfg.tensorboard} is a checkpoint folder: write the events elsewhere"
     if cfg.save_dir:
         folder = os.path.realpath(cfg.save_dir)
         for flag, path in inputs:

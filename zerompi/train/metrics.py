@@ -1,12 +1,26 @@
-"""`--metrics FILE.jsonl`: one JSON object per training step, written by rank 0 as the step ends.
+"""Per-step metrics on rank 0: StepMetrics measures each step into one record (a dict), and its
+sinks write it: `--metrics FILE.jsonl` (MetricsFile, here: one JSON object per line) and
+`--tensorboard DIR` (zerompi/train/tensorboard.py).
 
-    {"step": 12, "loss": 0.731, "accuracy": 0.781, "lr": 0.0018, "grad_norm": 1.93, "applied": true,
-     "loss_scale": 1.0, "step_seconds": 0.0071, "samples_per_second": 18028.2,
+    {"step": 12, "time": 1793712345.123, "restarts": 0, "loss": 0.731, "accuracy": 0.781, "lr": 0.0018,
+     "grad_norm": 1.93, "applied": true, "loss_scale": 1.0, "step_seconds": 0.0071,
+     "samples_per_second": 18028.2,
      "comm": {"grads": {"calls": 3, "bytes": 156744.0, "elements": 39186.0, "seconds": 0.0011},
               "params": {...}, "metrics": {...}},
-     "memory": {"ledger_bytes": [835012, ...], "peak_rss_bytes": [61235200, ...]}}
+     "memory": {"ledger_bytes": [835012, ...], "peak_rss_bytes": [61235200, ...]},
+     "comm_per_rank": {"bytes": [313488.0, ...], "seconds": [0.0021, ...]}}
 
     step                 1-based: the number of steps done once this one ended
+    time                 when the step ended: wall-clock Unix time in seconds (time.time(), UTC
+                         by definition). `SLURM_TIME_FORMAT=%s sacct -j JOB -o JobID,Start,End`
+                         prints Slurm's times in the same unit, so a line matches a job step (or
+                         a requeue) by comparing numbers; `date -d @TIME` reads it
+    restarts             how many times this training was restarted from a checkpoint: 0 for a
+                         fresh run, then 1 + the count in the checkpoint resumed from (kept in
+                         its manifest, zerompi/checkpoint/training.py)
+    slurm_restarts       SLURM_RESTART_COUNT (Slurm's requeues of the job), when Slurm set it;
+                         it differs from restarts when a requeued job found no checkpoint, or
+                         a run was resumed by hand
     loss, accuracy       the step's mean loss and training accuracy over the global batch (all
                          micro-batches, all ranks: the step's own all-reduce); null if not finite
     lr, grad_norm        the step's learning rate; the global gradient norm before clipping
@@ -21,82 +35,115 @@
                          communication thread's, not time the step waited
     memory               every rank's MemoryLedger total (all its allocated buffers) and OS peak RSS,
                          in rank order; ONLY on step 1, every --log-every steps and the last step
+    comm_per_rank        every rank's ring bytes and seconds inside MPI in this step (all purposes),
+                         in rank order; at the same steps as memory. The bytes are equal on every
+                         rank (each collective moves the same volume per rank); the seconds are
+                         not: they show which rank waits for the others
 
-Memory is gathered (one Gather of two numbers per rank, a collective every rank joins) only at
-those steps, not every step: the ledger total cannot change inside the loop (nothing is allocated
-there) and the peak RSS rarely does, so a per-step collective would buy nothing.
+Memory and each rank's communication are gathered (one Gather of four numbers per rank, a
+collective every rank joins) only at those steps, not every step: the ledger total cannot change
+inside the loop (nothing is allocated there) and the peak RSS rarely does, so a per-step
+collective would buy nothing.
 
 Crash safety: each line is built whole and handed to the kernel in one os.write on a file opened
 with O_APPEND, so a crash loses at most the step in progress and never leaves half a line. A fresh
 run truncates the file; a resumed run (--resume) appends, so steps the interrupted run logged after
 its last checkpoint appear twice: the later line is the resumed run's.
 
-The metrics are a side file: a file that cannot be opened is bad input (setup, before any step),
+The metrics are side files: a file that cannot be opened is bad input (setup, before any step),
 but a write that fails later (a full disk) costs one warning line from rank 0, and training goes
-on without them; the weights and checkpoints never wait on them.
+on without that sink; the weights and checkpoints never wait on them.
 """
 import json
 import math
 import os
 import sys
+import time
 
 import numpy as np
 
 
-class MetricsLog:
-    def __init__(self, path, comm, memory, memory_every, last_step, append=False):
-        self.path, self.comm, self.memory = path, comm, memory
+class StepMetrics:
+    """Collective (at the steps that gather): measures each step into a record for the sinks
+    (rank 0's; none on the other ranks)."""
+
+    def __init__(self, comm, memory, memory_every, last_step, restarts, slurm_restarts, sinks):
+        self.comm, self.memory = comm, memory
         self.memory_every, self.last_step = memory_every, last_step
-        self.handle = None
-        self.open_error = None           # one line if rank 0 cannot open the file (setup: bad input)
-        if comm.rank == 0:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
-            try:                         # O_NONBLOCK: a FIFO without a reader fails at once, never waits
-                self.handle = os.open(path, flags | os.O_NONBLOCK, 0o666)
-                os.set_blocking(self.handle, True)
-            except OSError as e:
-                self.open_error = f"cannot write metrics to {path}: {e.strerror or e}"
+        self.run = {"restarts": restarts}
+        if slurm_restarts is not None:
+            self.run["slurm_restarts"] = slurm_restarts
+        self.sinks = sinks
         self.comm_before = None
 
     def start_step(self):
         self.comm_before = comm_by_purpose(self.comm.ledger)
 
     def end_step(self, step, result, lr, loss_scale, batch_size, seconds):
-        """Collective at the steps that gather memory; rank 0 writes the step's line."""
-        comm_after = comm_by_purpose(self.comm.ledger)
-        memory = self.gather_memory() if self.memory_due(step) else None
-        if self.handle is None:
+        """Collective at the steps that gather; rank 0's sinks write the step's record."""
+        comm = comm_delta(self.comm_before, comm_by_purpose(self.comm.ledger))
+        ranks = self.gather_ranks(comm) if self.gather_due(step) else None
+        if not self.sinks:
             return
-        line = {"step": step, "loss": finite_or_none(result.loss), "accuracy": result.correct / batch_size,
-                "lr": lr, "grad_norm": finite_or_none(result.grad_norm), "applied": result.applied,
-                "loss_scale": loss_scale, "step_seconds": seconds, "samples_per_second": batch_size / seconds,
-                "comm": comm_delta(self.comm_before, comm_after)}
-        if memory is not None:
-            line["memory"] = memory
-        try:
-            write_line(self.handle, json.dumps(line, allow_nan=False) + "\n")
-        except OSError as e:
-            self.give_up(e)
+        record = {"step": step, "time": time.time(), **self.run, "loss": finite_or_none(result.loss),
+                  "accuracy": result.correct / batch_size, "lr": lr, "grad_norm": finite_or_none(result.grad_norm),
+                  "applied": result.applied, "loss_scale": loss_scale, "step_seconds": seconds,
+                  "samples_per_second": batch_size / seconds, "comm": comm}
+        if ranks is not None:
+            record.update(ranks)
+        for sink in self.sinks:
+            sink.write(record)
+        self.sinks = [sink for sink in self.sinks if sink.open]
 
-    def memory_due(self, step):
+    def gather_due(self, step):
         return step == 1 or step == self.last_step or (self.memory_every and step % self.memory_every == 0)
 
-    def gather_memory(self):
-        """Collective: every rank's (ledger total, peak RSS) on rank 0, as lists in rank order."""
-        mine = np.array([self.memory.total_bytes, self.memory.peak_rss_bytes()], dtype=np.float64)
-        everyone = np.zeros((self.comm.size, 2)) if self.comm.rank == 0 else None
+    def gather_ranks(self, comm):
+        """Collective: every rank's ledger total, peak RSS, and this step's ring bytes and MPI
+        seconds on rank 0, as lists in rank order (None elsewhere)."""
+        mine = np.array([self.memory.total_bytes, self.memory.peak_rss_bytes(),
+                         sum(c["bytes"] for c in comm.values()), sum(c["seconds"] for c in comm.values())])
+        everyone = np.zeros((self.comm.size, 4)) if self.comm.rank == 0 else None
         self.comm.gather_to_root(mine, everyone)
         if everyone is None:
             return None
-        return {"ledger_bytes": everyone[:, 0].astype(int).tolist(),
-                "peak_rss_bytes": everyone[:, 1].astype(int).tolist()}
+        return {"memory": {"ledger_bytes": everyone[:, 0].astype(int).tolist(),
+                           "peak_rss_bytes": everyone[:, 1].astype(int).tolist()},
+                "comm_per_rank": {"bytes": everyone[:, 2].tolist(), "seconds": everyone[:, 3].tolist()}}
 
     def close(self):
-        """Rank 0: close the file (a network file system may report a failed write only here)."""
+        for sink in self.sinks:
+            sink.close()
+
+
+class MetricsFile:
+    """--metrics: rank 0 appends one JSON line per record."""
+
+    def __init__(self, path, append):
+        self.path, self.handle, self.open_error = path, None, None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        try:                             # O_NONBLOCK: a FIFO without a reader fails at once, never waits
+            self.handle = os.open(path, flags | os.O_NONBLOCK, 0o666)
+            os.set_blocking(self.handle, True)
+        except OSError as e:
+            self.open_error = f"cannot write metrics to {path}: {e.strerror or e}"
+
+    @property
+    def open(self):
+        return self.handle is not None
+
+    def write(self, record):
+        try:
+            write_line(self.handle, json.dumps(record, allow_nan=False) + "\n")
+        except OSError as e:
+            self.give_up(e)
+
+    def close(self):
+        """Close the file (a network file system may report a failed write only here)."""
         self.give_up(None)
 
     def give_up(self, error):
-        """Rank 0: close the file; after a failed write (error), one warning line, and no more lines."""
+        """Close the file; after a failed write (error), one warning line, and no more lines."""
         handle, self.handle = self.handle, None
         if handle is not None:
             try:
@@ -104,8 +151,11 @@ class MetricsLog:
             except OSError as e:
                 error = error or e
         if error is not None:
-            print(f"zerompi: warning: cannot write metrics to {self.path}: {error.strerror or error}; training "
-                  f"goes on without them", file=sys.stderr, flush=True)
+            warn(f"cannot write metrics to {self.path}: {error.strerror or error}; training goes on without them")
+
+
+def warn(text):
+    print(f"zerompi: warning: {text}", file=sys.stderr, flush=True)
 
 
 def comm_by_purpose(ledger):

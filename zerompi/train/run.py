@@ -16,9 +16,9 @@ Step s's global batch of G rows is cut into M micro-batches (--grad-accum) of G/
 rank takes its b = G / (M N) rows of each (zerompi/train/batches.py): the run computes what one
 process would compute on the whole batch, for every stage, N and M.
 
-Weights and checkpoints come first: --metrics and --trace are side files, and a write of theirs
-that fails during the run costs one warning line (zerompi/train/metrics.py,
-zerompi/observe/trace.py), never the run. Inside the loop an inf or NaN gets one verdict
+Weights and checkpoints come first: --metrics, --tensorboard and --trace are side files, and a
+write of theirs that fails during the run costs one warning line (zerompi/train/metrics.py,
+zerompi/train/tensorboard.py, zerompi/observe/trace.py), never the run. Inside the loop an inf or NaN gets one verdict
 (zerompi/train/divergence.py), not a RuntimeWarning from every rank.
 
 Exit status (zerompi/exit_codes.py): OK 0 done; BAD_INPUT 2 (one line on stderr); DIVERGED 3 a
@@ -34,6 +34,7 @@ naming the rank, MPI_Abort).
 """
 import os
 import sys
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass
@@ -62,12 +63,14 @@ from .data import Dataset, load_data
 from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler, loss_scale_error
-from .metrics import MetricsLog
+from .destination import live_progress
+from .metrics import MetricsFile, StepMetrics
 from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
 from .signals import Interrupted, Signals
 from .status_line import StatusLine
+from .tensorboard import TensorBoardLog, tensorboard_missing
 
 
 @dataclass
@@ -86,7 +89,7 @@ class RunState:
     batches: MicroBatches
     status: StatusLine | None    # the live progress line (rank 0)
     progress: Progress
-    metrics: MetricsLog | None
+    metrics: StepMetrics | None  # the per-step records for --metrics and --tensorboard
     tracer: Tracer | None
 
 
@@ -120,6 +123,7 @@ def setup(cfg, comm, out):
     engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, M, overlap)
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
+    comm.check_all(tensorboard_missing() if cfg.tensorboard and comm.rank == 0 else None)
     scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
                         cfg.min_loss_scale)
     first_step, note, lineage = start_from(engine, cfg, scaler)
@@ -127,33 +131,54 @@ def setup(cfg, comm, out):
                    if first_step > cfg.steps else None)
     comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
     batches = MicroBatches(cfg, comm, data, precision.compute, rows)
-    live = comm.rank == 0 and (cfg.progress == "live" or (cfg.progress == "auto" and out.isatty()))
-    status = StatusLine(out, first_step, cfg.steps, cfg.batch_size) if live else None
-    out = status or out                                      # log lines scroll above the live line
-    progress = Progress(cfg, comm, out)
-    metrics = (MetricsLog(cfg.metrics, comm, engine.memory, cfg.log_every, cfg.steps, append=bool(cfg.resume))
-               if cfg.metrics else None)
-    comm.check_all(metrics and metrics.open_error)
+    metrics = start_metrics(cfg, comm, engine, lineage["restarts"])
     tracer = start_trace(cfg, comm, engine)
     state = RunState(cfg=cfg, comm=comm, out=out, data=data, precision=precision, engine=engine, rows=rows,
-                     scaler=scaler, first_step=first_step, lineage=lineage, batches=batches, status=status,
-                     progress=progress, metrics=metrics, tracer=tracer)
+                     scaler=scaler, first_step=first_step, lineage=lineage, batches=batches, status=None,
+                     progress=None, metrics=metrics, tracer=tracer)
     print_header(state, sizes, note)
+    if comm.rank == 0 and live_progress(cfg.progress, out, os.environ):     # zerompi/train/destination.py
+        state.status = state.out = StatusLine(out, first_step, cfg.steps)   # log lines scroll above it
+    state.progress = Progress(cfg, comm, state.out)
     return state
 
 
+def start_metrics(cfg, comm, engine, restarts):
+    """The per-step records and rank 0's sinks for them (--metrics, --tensorboard), or None when
+    neither is asked for. Collective: a sink rank 0 cannot open is bad input."""
+    if not (cfg.metrics or cfg.tensorboard):
+        return None
+    sinks = []
+    if comm.rank == 0:
+        sinks = ([MetricsFile(cfg.metrics, append=bool(cfg.resume))] if cfg.metrics else []) + \
+                ([TensorBoardLog(cfg.tensorboard)] if cfg.tensorboard else [])
+    comm.check_all(next((sink.open_error for sink in sinks if sink.open_error), None))
+    slurm_restarts = os.environ.get("SLURM_RESTART_COUNT", "")
+    return StepMetrics(comm, engine.memory, cfg.log_every, cfg.steps, restarts,
+                       int(slurm_restarts) if slurm_restarts.isdigit() else None, sinks)
+
+
+HEADER_WIDTH = 80
+
+
 def print_header(state, sizes, note):
-    """Rank 0: what is trained, how and on what; the device; what a resumed checkpoint changed."""
-    cfg, comm, data, out = state.cfg, state.comm, state.data, state.out
-    comm.print0(f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks | MLP {'-'.join(map(str, sizes))} "
-                f"({state.engine.layout.num_params:,} parameters) | {cfg.dtype} | global batch {cfg.batch_size} "
-                f"= {comm.size} ranks x {cfg.grad_accum} micro-batches x {state.rows} rows | {cfg.steps} steps | "
-                f"data {data.name}: {data.x_train.shape[0]} train"
-                f"{'' if data.x_test is None else f', {data.x_test.shape[0]} held out'}", file=out)
+    """Rank 0: what is trained, how and on what; the device; what a resumed checkpoint changed.
+    The header's lines have at most 80 columns (a longer one, from a long data path or many
+    layers, wraps, indented)."""
+    cfg, comm, data, engine = state.cfg, state.comm, state.data, state.engine
+    held_out = "" if data.x_test is None else f", {data.x_test.shape[0]} held out"
+    lines = [f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks, {cfg.dtype}, {cfg.steps} steps",
+             f"model: MLP {'-'.join(map(str, sizes))} ({engine.layout.num_params:,} parameters)",
+             f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
+             f"global batch {cfg.batch_size} = {comm.size} ranks x {cfg.grad_accum} micro-batches x "
+             f"{state.rows} rows"]
     if comm.device.is_gpu:
-        comm.print0(f"device: {comm.device.name} on rank 0 | {comm.describe_transport()}", file=out)
-    if note:
-        comm.print0(note, file=out)
+        lines.append(f"device: {comm.device.name} on rank 0, {comm.describe_transport()}")
+    for line in lines:
+        comm.print0(textwrap.fill(line, HEADER_WIDTH, subsequent_indent="  ", break_on_hyphens=False),
+                    file=state.out)
+    if note:                    # one line each, as the checkpoint code words them (searchable whole)
+        comm.print0(note, file=state.out)
 
 
 def train_loop(state, signals):

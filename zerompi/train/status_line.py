@@ -1,80 +1,57 @@
-"""The live progress line on rank 0 (`--progress live`, or `auto` when the output is a terminal).
+"""The live progress line on rank 0 (`--progress live`, or `auto` where zerompi/train/destination.py
+finds a terminal the user watches), drawn by tqdm:
 
-    step  120/300 | loss 0.4312 | 18,204 samples/s | 0.8 s elapsed | ETA 1.2 s
+    step 120/300 |███████▋           | loss 0.4312 | 81.20 steps/s | 00:01<00:02
 
-One line, redrawn in place at most every 0.1 s ("\\r", then ANSI erase-to-end-of-line). Every other
-line printed to the same stream (the plain progress lines every --log-every steps, loss-scale
-events, the end-of-run report) goes through StatusLine.write, which erases the live line first and
-draws it again below, so the log scrolls above it as it would without it.
+tqdm does the terminal work: it redraws the line in place at most every 0.1 s (mininterval), fitted
+to the terminal's width as it is at that redraw (dynamic_ncols: a narrower window shrinks the bar,
+then cuts the line, so it never wraps), and tqdm.write prints a log line above it (erase the line,
+write, draw it again). The rate and the time left (after the `<`) are tqdm's, measured from the
+steps this process ran (a resumed run starts at its checkpoint's step). At the end, or before an
+error, the line is erased: what remains on the terminal is the plain log.
 
-samples/s and the ETA are measured: global rows per step times the steps done since training began,
-divided by the wall time since then; ETA = steps left x that time per step.
+Why tqdm: small, pure Python with no dependencies of its own, maintained for a decade, and what
+most training scripts already show; rich would draw the same line but is a much larger library
+that also wants to own the terminal's other output.
 
-Under mpirun the ranks' output is a pipe even when mpirun writes to a terminal, so `auto` sees no
-terminal there; `--progress live` draws the line anyway (mpirun passes the bytes on as they come).
+StatusLine is a text stream for print(): what rank 0 prints goes through it, and each whole line
+goes to tqdm.write.
 """
-import time
-
-ERASE_LINE = "\x1b[K"          # ANSI: erase from the cursor to the end of the line
+from tqdm import tqdm
 
 
-def format_status(step, steps, loss, samples_per_second, elapsed, eta):
-    """The live line's text (no control characters)."""
-    width = len(str(steps))
-    return (f"step {step:>{width}}/{steps} | loss {loss:.4f} | {samples_per_second:,.0f} samples/s"
-            f" | {format_seconds(elapsed)} elapsed | ETA {format_seconds(eta)}")
-
-
-def format_seconds(seconds):
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, seconds = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+class _Bar(tqdm):
+    monitor_interval = 0                   # no monitor thread: the training loop updates every step
 
 
 class StatusLine:
     """A text stream (rank 0's progress output) with the live line kept at its bottom."""
 
-    MIN_INTERVAL = 0.1         # seconds between redraws
+    MIN_INTERVAL = 0.1                     # seconds between redraws
 
-    def __init__(self, stream, first_step, steps, batch_size):
-        self.stream = stream
-        self.first_step, self.steps, self.batch_size = first_step, steps, batch_size
-        self.text = ""                         # the live line as last drawn ("" : none shown)
-        self.started = time.perf_counter()
-        self.drawn_at = -float("inf")          # the first step draws at once
+    def __init__(self, stream, first_step, steps):
+        self.stream, self.pending = stream, ""
+        self.bar = _Bar(total=steps, initial=first_step, file=stream, dynamic_ncols=True, leave=False,
+                        mininterval=self.MIN_INTERVAL, unit=" steps", ascii=False,
+                        bar_format="step {n}/{total} |{bar}| {desc} | {rate_fmt} | {elapsed}<{remaining}")
 
     def update(self, step, loss):
-        """After each step: redraw if MIN_INTERVAL has passed (and always at the last step)."""
-        now = time.perf_counter()
-        if now - self.drawn_at < self.MIN_INTERVAL and step < self.steps:
-            return
-        elapsed = now - self.started
-        done = step - self.first_step
-        seconds_per_step = elapsed / max(done, 1)
-        self.text = format_status(step, self.steps, loss, self.batch_size / seconds_per_step, elapsed,
-                                  (self.steps - step) * seconds_per_step)
-        self.stream.write("\r" + ERASE_LINE + self.text + "\r")   # the cursor stays at column 0
-        self.stream.flush()
-        self.drawn_at = now
+        """After each step: tqdm redraws when MIN_INTERVAL has passed."""
+        self.bar.set_description_str(f"loss {loss:.4g}", refresh=False)
+        self.bar.update(step - self.bar.n)
 
     def write(self, text):
-        """Text printed to the stream: erase the live line, write, redraw it after a line end."""
-        if not self.text:                      # no live line (yet, or any more): plain output
-            self.stream.write(text)
-            return len(text)
-        self.stream.write(ERASE_LINE + text)
-        if text.endswith("\n"):
-            self.stream.write(self.text + "\r")
+        """Text printed to the stream: whole lines go above the live line (tqdm.write)."""
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.bar.write(line, file=self.stream)
         return len(text)
 
     def flush(self):
         self.stream.flush()
 
     def close(self):
-        """Erase the live line for good: what remains on the terminal is the plain log."""
-        if self.text:
-            self.stream.write(ERASE_LINE)
-            self.stream.flush()
-        self.text = ""
+        """Erase the live line for good (idempotent)."""
+        self.bar.close()
+        self.stream.flush()

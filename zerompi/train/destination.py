@@ -1,0 +1,83 @@
+"""Where rank 0's output really goes: does `--progress auto` draw the live line?
+
+A live line is control codes ("\\r", erase) redrawn ten times a second: right on a terminal a person
+watches, garbage in a file. isatty() on the rank's stdout answers the question only where the
+launcher hands the rank the real destination, so `auto` combines it with what the launcher says:
+
+    --progress live      the live line (the user asked; under MPICH's mpirun it goes down a pipe)
+    --progress lines     never
+    --progress auto      the live line only when all of these hold:
+      1. stdout is a terminal. A file or a pipe is not: a plain run redirected to a file, MPICH's
+         (and Intel MPI's) mpirun, which hands every rank a pipe whatever its own output is, plain
+         srun, and Slurm batch jobs (sbatch writes slurm-*.out)
+      2. not inside a Slurm job, unless this is `srun --pty` (SLURM_JOB_ID set and SLURM_PTY_PORT
+         unset: lines). Inside an allocation the output is a job's log far more often than a
+         terminal: an Open MPI mpirun in a batch script hands its ranks terminals (3), and the
+         slurm-*.out file is the real destination
+      3. under Open MPI (OMPI_COMM_WORLD_SIZE set) the launcher's own stdout is a terminal. Open
+         MPI's mpirun gives every rank a pseudo-terminal even when mpirun's stdout is a file, so
+         isatty() says yes for out.txt. Rank 0 looks up its ancestors in /proc for mpirun (Open
+         MPI 4: orterun; 5: prterun) and reads where that process's fd 1 points: a terminal
+         (/dev/pts/*, /dev/tty*, /dev/console) lets the line be drawn; a file, a pipe, an ancestor
+         that is a remote node's daemon (orted, prted: mpirun runs on another host), no such
+         ancestor, or no /proc: lines. When the destination cannot be known, lines are the choice
+         that is never wrong.
+"""
+import os
+
+SLURM_JOB, SLURM_PTY = "SLURM_JOB_ID", "SLURM_PTY_PORT"
+OPEN_MPI = "OMPI_COMM_WORLD_SIZE"
+OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
+OPEN_MPI_DAEMONS = ("orted", "prted")       # a rank on another node than mpirun's
+TERMINALS = ("/dev/pts/", "/dev/tty", "/dev/console")
+MAX_ANCESTORS = 16
+
+
+def live_progress(choice, stream, environ):
+    """True if rank 0 should draw the live line on `stream` for --progress `choice`."""
+    if choice != "auto":
+        return choice == "live"
+    if not stream.isatty():
+        return False
+    if environ.get(SLURM_JOB) and not environ.get(SLURM_PTY):
+        return False
+    if environ.get(OPEN_MPI):
+        return launcher_writes_to_terminal(os.getpid())
+    return True
+
+
+def launcher_writes_to_terminal(pid):
+    """True if the nearest Open MPI launcher among pid's ancestors (same host) has a terminal as
+    its stdout; False when it has not, or when that cannot be found out."""
+    for _ in range(MAX_ANCESTORS):
+        pid = parent_of(pid)
+        name = command_name(pid) if pid else None
+        if name is None or name in OPEN_MPI_DAEMONS:
+            return False
+        if name in OPEN_MPI_LAUNCHERS:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/1")
+            except OSError:
+                return False
+            return target.startswith(TERMINALS)
+    return False
+
+
+def parent_of(pid):
+    """pid's parent process id from /proc/PID/stat, or None (no /proc, the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])   # "pid (comm) state ppid ...": comm may hold ")"
+
+
+def command_name(pid):
+    """The process's command name (/proc/PID/comm: its executable's file name, at most 15
+    characters), or None."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
