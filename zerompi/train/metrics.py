@@ -62,6 +62,8 @@ import time
 
 import numpy as np
 
+SLURM_RESTARTS = "SLURM_RESTART_COUNT"     # set by Slurm in a requeued job: its requeue count
+
 
 class StepMetrics:
     """Collective (at the steps that gather): measures each step into a record for the sinks
