@@ -660,7 +660,7 @@ def test_default_run_prints_progress_accuracy_and_ledger(tmp_path):
 def test_the_default_command_runs_on_rank_counts_that_do_not_divide_128(n, tmp_path):
     """No batch option: 16 rows per rank, so the global batch is 16 N."""
     run = train_ok(n, "--steps", 5, "--log-every", 0, "--report", "none", cwd=tmp_path)
-    assert f"global batch {16 * n} = {n} ranks x 1 micro-batches x 16 rows" in run.stdout, run.describe()
+    assert f"global batch {16 * n} = {n} ranks x 1 micro-batch x 16 rows" in run.stdout, run.describe()
     assert files_under(tmp_path) == []
 
 
@@ -674,7 +674,7 @@ def test_resuming_a_default_batch_run_on_another_n_says_how_to_continue(tmp_path
     error_line = next(line for line in run.output.splitlines() if ERROR_MARK in line)
     assert "--batch-size 32, this run has 48 (= 16 rows per rank x 1 x the ranks)" in error_line, run.describe()
     run = train_ok(4, "--steps", 4, *common, "--resume", "--batch-size", 32, cwd=tmp_path)
-    assert "global batch 32 = 4 ranks x 1 micro-batches x 8 rows" in run.stdout, run.describe()
+    assert "global batch 32 = 4 ranks x 1 micro-batch x 8 rows" in run.stdout, run.describe()
     assert "resumed from" in run.stdout and "at step 2" in run.stdout, run.describe()
 
 

@@ -170,8 +170,8 @@ def print_header(state, sizes, note):
     lines = [f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks, {cfg.dtype}, {cfg.steps} steps",
              f"model: MLP {'-'.join(map(str, sizes))} ({engine.layout.num_params:,} parameters)",
              f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
-             f"global batch {cfg.batch_size} = {comm.size} ranks x {cfg.grad_accum} micro-batches x "
-             f"{state.rows} rows"]
+             f"global batch {cfg.batch_size} = {comm.size} ranks x {cfg.grad_accum} micro-batch"
+             f"{'es' if cfg.grad_accum != 1 else ''} x {state.rows} rows"]
     if comm.device.is_gpu:
         lines.append(f"device: {comm.device.name} on rank 0, {comm.describe_transport()}")
     for line in lines:
