@@ -382,6 +382,8 @@ MANIFEST_GAPS = [
                  _manifest_edit(lambda m: m["units"][1].__setitem__("shard_offset", 150)),
                  f"{STEP}/manifest.json", "shard"),
     pytest.param("adam-steps-not-a-number", _set("adam_steps", "six"), f"{STEP}/manifest.json", "adam_steps"),
+    pytest.param("restarts-beyond-any-count", _set("restarts", 10 ** 400), f"{STEP}/manifest.json", "restarts"),
+    pytest.param("step-beyond-any-count", _set("step", 2 ** 64), f"{STEP}/manifest.json", "step"),
 ]
 
 

@@ -515,3 +515,13 @@ def test_keys_that_change_nothing_in_the_math_are_accepted(tmp_path):
     cfg = parse_args(["--deepspeed-config", path, "--overlap"])
     assert cfg.stage == 2 and cfg.overlap is True                         # the command line wins
     assert parse_args(["--deepspeed-config", path]).overlap is False
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("global_batch, micro, accumulation", [(10 ** 10, None, 7), (2 * 10 ** 12, 3, None),
+                                                               (2 ** 61 - 2, None, 2)])
+def test_a_huge_batch_that_does_not_split_is_refused_at_once(global_batch, micro, accumulation):
+    """The nearest valid values are found without trying every divisor of a huge batch (a typo
+    must not hang every rank before the error)."""
+    with pytest.raises(ArgumentError, match=f"--batch-size {global_batch}"):
+        resolve_batch(global_batch, micro, accumulation, 2)

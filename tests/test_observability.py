@@ -349,3 +349,12 @@ def test_a_checkpoint_without_the_restart_count_is_counted_from_there(tmp_path):
     path.write_text(manifest_text(manifest))
     train_ok(2, *flags, "--steps", 3, "--resume", "--metrics", "m.jsonl", cwd=tmp_path)
     assert [line["restarts"] for line in read_jsonl(tmp_path / "m.jsonl")] == [1]
+
+
+@pytest.mark.parametrize("value, read", [("3", 3), ("0", 0), ("", None), ("²", None), ("-1", None), ("3.0", None),
+                                         ("1" * 400, None), (" 4", None)])
+def test_slurm_restart_count_is_read_only_when_it_is_a_count(value, read):
+    """SLURM_RESTART_COUNT is Slurm's to set; anything but ASCII digits (str.isdigit() also takes
+    "²", which int() refuses) or a number too large for the metrics is left out, never a traceback."""
+    from zerompi.train.metrics import slurm_restarts
+    assert slurm_restarts({"SLURM_RESTART_COUNT": value} if value else {}) == read

@@ -305,14 +305,17 @@ def _check_version_and_checksum(path, m):
                               f"is corrupted")
 
 
+MAX_COUNT = 2 ** 53 - 1          # counts a manifest may hold: exact in every JSON reader and in a float
+
+
 def _is_count(value, least=0):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= MAX_COUNT
 
 
 def _check_numbers(path, m):
     for key in ("ranks", "step", "adam_steps", "loss_scale_good_steps", "block_bytes", "restarts"):
         if not _is_count(m.get(key, 0)):                  # restarts: absent in older manifests
-            raise CheckpointError(f"{path}: {key} must be a non-negative integer, not {m[key]!r}")
+            raise CheckpointError(f"{path}: {key} must be an integer from 0 to 2^53 - 1, not {repr(m[key])[:40]}")
     if m["ranks"] < 1 or m["block_bytes"] < 1:
         raise CheckpointError(f"{path}: ranks and block_bytes must be positive")
     if not (isinstance(m["loss_scale"], (int, float)) and 0 < m["loss_scale"] < float("inf")):

@@ -393,9 +393,17 @@ def _multiples_around(value, step):
     return [v for v in (below, below + step) if v > 0]
 
 
+MAX_DIVISOR_SEARCH = 10 ** 6       # trial divisions at most: a huge batch (a typo) gets no divisor advice
+
+
 def _divisors_around(value, near):
-    """The divisors of value nearest to `near`, the one below and the one above (where they exist)."""
-    divisors = [d for d in range(1, value + 1) if value % d == 0]
+    """The divisors of value nearest to `near`, the one below and the one above (where they exist);
+    none for a value with more than MAX_DIVISOR_SEARCH^2 rows (the divisors pair up below its root)."""
+    root = math.isqrt(value)
+    if root > MAX_DIVISOR_SEARCH:
+        return []
+    small = [d for d in range(1, root + 1) if value % d == 0]
+    divisors = sorted(set(small + [value // d for d in small]))
     below = [d for d in divisors if d < near]
     above = [d for d in divisors if d > near]
     return below[-1:] + above[:1]

@@ -63,6 +63,16 @@ import time
 import numpy as np
 
 SLURM_RESTARTS = "SLURM_RESTART_COUNT"     # set by Slurm in a requeued job: its requeue count
+MAX_COUNT = 2 ** 53 - 1                     # integers JSON readers and TensorBoard's floats hold exactly
+
+
+def slurm_restarts(environ):
+    """Slurm's requeue count from the environment, or None where it is unset or not a count
+    (ASCII digits, at most MAX_COUNT): the metrics leave it out rather than fail."""
+    value = environ.get(SLURM_RESTARTS, "")
+    if not (value.isascii() and value.isdigit()) or len(value) > len(str(MAX_COUNT)) or int(value) > MAX_COUNT:
+        return None
+    return int(value)
 
 
 class StepMetrics:

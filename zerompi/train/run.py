@@ -64,7 +64,7 @@ from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler, loss_scale_error
 from .destination import live_progress
-from .metrics import SLURM_RESTARTS, MetricsFile, StepMetrics
+from .metrics import MetricsFile, StepMetrics, slurm_restarts
 from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
@@ -153,9 +153,7 @@ def start_metrics(cfg, comm, engine, restarts):
         sinks = ([MetricsFile(cfg.metrics, append=bool(cfg.resume))] if cfg.metrics else []) + \
                 ([TensorBoardLog(cfg.tensorboard)] if cfg.tensorboard else [])
     comm.check_all(next((sink.open_error for sink in sinks if sink.open_error), None))
-    slurm_restarts = os.environ.get(SLURM_RESTARTS, "")
-    return StepMetrics(comm, engine.memory, cfg.log_every, cfg.steps, restarts,
-                       int(slurm_restarts) if slurm_restarts.isdigit() else None, sinks)
+    return StepMetrics(comm, engine.memory, cfg.log_every, cfg.steps, restarts, slurm_restarts(os.environ), sinks)
 
 
 HEADER_WIDTH = 80
