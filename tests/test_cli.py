@@ -244,7 +244,7 @@ BAD_INPUTS = [
     ("hidden-zero", ["--hidden", "0,5"], "widths must be positive", None, (3,)),
     ("hidden-abc", ["--hidden", "abc"], "expected comma-separated integers", None, (3, 1)),
     ("batch-not-divisible", ["--batch-size", 10], "--batch-size 10 cannot be split over 3 ranks x 1 micro-batch: "
-     "use --batch-size 9 or 12, or --micro-batch-size 3", None, (3,)),
+     "use --batch-size 9 or 12, or --micro-batch-size 3 instead (a global batch of 9)", None, (3,)),
     ("dtype-int8", ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'", None, (3,)),
     ("grad-accum-0", ["--grad-accum", 0], "--grad-accum must be positive", None, (3,)),
     ("batch-not-divisible-by-micro-batches", ["--grad-accum", 5], "over 3 ranks x 5 micro-batches", None, (3,)),

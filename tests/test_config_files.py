@@ -313,7 +313,7 @@ def test_the_global_batch_given_is_kept_on_every_n():
 
 @pytest.mark.parametrize("flags, n, message", [
     (["--batch-size", "128"], 6, "--batch-size 128 cannot be split over 6 ranks x 1 micro-batch: use --batch-size "
-                                 "126 or 132, or --micro-batch-size 21"),
+                                 "126 or 132, or --micro-batch-size 21 instead (a global batch of 126)"),
     (["--batch-size", "120", "--grad-accum", "2"], 8, "--batch-size 120 cannot be split over 8 ranks x 2 "
      "micro-batches: use --batch-size 112 or 128, or --grad-accum 1 or 3"),
     (["--batch-size", "4"], 8, "--batch-size 4 cannot be split over 8 ranks x 1 micro-batch: use --batch-size 8"),
@@ -343,7 +343,7 @@ def test_every_suggested_value_is_valid():
                 except ArgumentError as e:
                     suggestions = str(e).split(": use ")[1].split(", or ")
                 for suggestion in suggestions:
-                    flag, values = suggestion.split(" ", 1)
+                    flag, values = suggestion.split(" instead (")[0].split(" ", 1)
                     for value in map(int, values.split(" or ")):
                         given = {"--batch-size": (value, None, M), "--grad-accum": (G, None, value),
                                  "--micro-batch-size": (None, value, None)}[flag]

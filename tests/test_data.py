@@ -445,5 +445,5 @@ def test_a_default_batch_larger_than_the_data_says_where_it_came_from():
     from zerompi.train.data import load_data
     data, error = load_data(parse_args([], num_ranks=94), 1)
     assert data is None and error == ("the global batch 1504 (16 rows x 1 micro-batch x 94 ranks) is larger than "
-                                      "the 1497 training samples of digits: pass a smaller --batch-size or "
-                                      "--micro-batch-size")
+                                      "the 1497 training samples of digits: pass a smaller --batch-size, "
+                                      "--micro-batch-size or --grad-accum")

@@ -367,7 +367,7 @@ def _unsplittable(G, N, M, accumulation_given):
         if near:
             options.append(_either("--grad-accum", near))
     elif G // N:
-        options.append(f"--micro-batch-size {G // N}")
+        options.append(f"--micro-batch-size {G // N} instead (a global batch of {G // N * N})")
     return (f"--batch-size {G} cannot be split over {_count(N, 'rank')} x {_count(M, 'micro-batch')}: "
             f"use {', or '.join(options)}")
 

@@ -240,14 +240,15 @@ def load_data(cfg, ranks_on_node=1):
                       f"--classes {classes} allows 0..{classes - 1}")
     if cfg.batch_size > data.x_train.shape[0]:
         return None, (f"the global batch {describe_batch(cfg)} is larger than the {data.x_train.shape[0]} "
-                      f"training samples of {data.name}: pass a smaller --batch-size or --micro-batch-size")
+                      f"training samples of {data.name}: pass a smaller --batch-size, --micro-batch-size or --grad-accum")
     return data, None
 
 
 def describe_batch(cfg):
     """The global batch and how it splits, for messages: "48 (16 rows x 1 micro-batch x 3 ranks)"."""
     N = cfg.batch_size // (cfg.micro_batch_size * cfg.grad_accum)
-    return (f"{cfg.batch_size} ({cfg.micro_batch_size} rows x {cfg.grad_accum} micro-batch"
+    return (f"{cfg.batch_size} ({cfg.micro_batch_size} row{'s' if cfg.micro_batch_size != 1 else ''} x "
+            f"{cfg.grad_accum} micro-batch"
             f"{'es' if cfg.grad_accum != 1 else ''} x {N} rank{'s' if N != 1 else ''})")
 
 
