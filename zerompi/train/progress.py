@@ -2,11 +2,11 @@
 
     step  25/300  loss 2.055  acc 49.0%  |g| 0.284  lr 3.0e-3  9.45 ms/step  0:02
 
-loss (4 significant digits: 0.00004 prints as 4e-05, never 0.0000), training accuracy and gradient
-norm |g| (3 significant digits) average the applied steps since the last line; lr is the step's
-learning rate; ms/step the window's wall time per step (s/step from a second up, right-aligned
-in a fixed width); the last field
-the time since training began (m:ss, h:mm:ss from an hour). fp16 adds the loss scale and, when
+loss (at most 4 significant digits: 0.00004 prints as 4e-05, never 0.0000), training accuracy and
+gradient norm |g| (3 significant digits, trailing zeros kept: 0.700) average the applied steps
+since the last line; lr is the step's learning rate; ms/step the window's wall time per step (3
+significant digits, s/step from a second up, right-aligned in a fixed width); the last field the
+time since training began (m:ss, h:mm:ss from an hour). fp16 adds the loss scale and, when
 steps were skipped for overflow, their count, which leaves no room for lr (and |g|, see below):
 
     step  25/300  loss 2.055  acc 49.0%  |g| 0.284  scale 65536  9.45 ms/step  0:02
@@ -55,8 +55,8 @@ class Progress:
         cfg, n, now = self.cfg, self.applied, time.perf_counter()
         fields = [f"step {step:>{len(str(cfg.steps))}}/{cfg.steps}"]
         if n:
-            fields += [f"loss {self.loss / n:.4g}", f"acc {100 * self.correct / (n * cfg.batch_size):.1f}%",
-                       f"|g| {self.norm / n:.3g}"]
+            fields += [f"loss {self.loss / n:.4g}",
+                       f"acc {100 * self.correct / (n * cfg.batch_size):.1f}%", f"|g| {significant(self.norm / n, 3)}"]
         else:
             fields.append(f"all {self.steps} steps skipped")
         fields.append(f"lr {format_lr(lr)}")
@@ -80,6 +80,13 @@ def fit(fields, width=WIDTH):
     return line
 
 
+def significant(value, digits):
+    """value with `digits` significant digits, trailing zeros kept so that columns line up (0.700,
+    12.0), but no bare trailing point (145, not 145.); powers of ten stay short (4e-05)."""
+    text = f"{value:#.{digits}g}"
+    return f"{value:.{digits}g}" if "e" in text else text.rstrip(".")
+
+
 def format_lr(lr):
     """Two significant digits, a short exponent: 3.0e-3, 9.4e-8, 1.0e+0."""
     mantissa, exponent = f"{lr:.1e}".split("e")
@@ -90,8 +97,10 @@ def format_step_time(seconds):
     """Three significant digits, always 12 columns (so that which fields fit never depends on the
     timing): `9.45 ms/step`, ` 145 ms/step`, `1.23  s/step`, ` 912 us/step`."""
     if seconds < 0.0009995:
-        return f"{1e6 * seconds:4.3g} us/step"
-    return f"{1e3 * seconds:4.3g} ms/step" if seconds < 0.9995 else f"{seconds:4.3g}  s/step"
+        return f"{significant(1e6 * seconds, 3):>4} us/step"
+    if seconds < 0.9995:
+        return f"{significant(1e3 * seconds, 3):>4} ms/step"
+    return f"{significant(seconds, 3):>4}  s/step"
 
 
 def format_elapsed(seconds):
