@@ -113,8 +113,28 @@ def test_the_auto_rule(choice, stream, env, live):
 
 
 def test_no_launcher_among_the_ancestors_means_lines():
-    assert launcher_writes_to_terminal(os.getpid()) is False
-    assert launcher_writes_to_terminal(10 ** 9) is False                 # no such process
+    assert launcher_writes_to_terminal(os.getpid(), 1) is False
+    assert launcher_writes_to_terminal(10 ** 9, 1) is False              # no such process
+
+
+def test_the_launcher_is_asked_about_the_stream_the_line_would_go_to(tmp_path):
+    """--report json sends progress to stderr: what counts is where mpirun's stderr goes (here a
+    file), not its stdout (here a terminal)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(os.path.realpath(sys.executable), bin_dir / "mpirun")
+    ask = ("import os, sys; from zerompi.train.destination import launcher_writes_to_terminal as w; "
+           "print(w(os.getpid(), 1), w(os.getpid(), 2), file=sys.__stdout__)")
+    leader, follower = open_terminal(80)
+    with open(tmp_path / "err.txt", "w") as err:
+        launcher = subprocess.Popen([str(bin_dir / "mpirun"), "-c", f"import subprocess, sys; sys.exit("
+                                     f"subprocess.call([sys.executable, '-c', {ask!r}]))"],
+                                    stdout=follower, stderr=err, stdin=subprocess.DEVNULL,
+                                    env=environment(PYTHONPATH=os.pathsep.join(sys.path)))
+        os.close(follower)
+        text = read_all(leader)
+        assert launcher.wait(timeout=60) == 0, text
+    assert text.split() == ["True", "False"], text
 
 
 def test_auto_on_a_terminal_draws_the_live_line(tmp_path):

@@ -17,7 +17,8 @@ launcher hands the rank the real destination, so `auto` combines it with what th
       3. under Open MPI (OMPI_COMM_WORLD_SIZE set) the launcher's own stdout is a terminal. Open
          MPI's mpirun gives every rank a pseudo-terminal even when mpirun's stdout is a file, so
          isatty() says yes for out.txt. Rank 0 looks up its ancestors in /proc for mpirun (Open
-         MPI 4: orterun; 5: prterun) and reads where that process's fd 1 points: a terminal
+         MPI 4: orterun; 5: prterun) and reads where that process's fd 1 (fd 2 for
+         --report json, whose progress goes to stderr) points: a terminal
          (/dev/pts/*, /dev/tty*, /dev/console) lets the line be drawn; a file, a pipe, an ancestor
          that is a remote node's daemon (orted, prted: mpirun runs on another host), no such
          ancestor, or no /proc: lines. When the destination cannot be known, lines are the choice
@@ -42,13 +43,14 @@ def live_progress(choice, stream, environ):
     if environ.get(SLURM_JOB) and not environ.get(SLURM_PTY):
         return False
     if environ.get(OPEN_MPI):
-        return launcher_writes_to_terminal(os.getpid())
+        return launcher_writes_to_terminal(os.getpid(), stream.fileno())
     return True
 
 
-def launcher_writes_to_terminal(pid):
+def launcher_writes_to_terminal(pid, fd):
     """True if the nearest Open MPI launcher among pid's ancestors (same host) has a terminal as
-    its stdout; False when it has not, or when that cannot be found out."""
+    its file descriptor fd (1: stdout, 2: stderr, where the rank's own fd goes); False when it
+    has not, or when that cannot be found out."""
     for _ in range(MAX_ANCESTORS):
         pid = parent_of(pid)
         name = command_name(pid) if pid else None
@@ -56,7 +58,7 @@ def launcher_writes_to_terminal(pid):
             return False
         if name in OPEN_MPI_LAUNCHERS:
             try:
-                target = os.readlink(f"/proc/{pid}/fd/1")
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 return False
             return target.startswith(TERMINALS)
