@@ -89,3 +89,23 @@ def test_a_full_disk_under_tensorboard_costs_one_warning(tmp_path):
         warnings = [line for line in run.output.splitlines() if WARNING_MARK in line]
         assert len(warnings) == 1 and "No space left on device" in warnings[0], run.describe()
         assert os.path.exists(tmp_path / "w.npz")
+
+
+def test_two_runs_into_one_folder_in_the_same_second_keep_both_event_files(tmp_path):
+    """The event file's name carries the writer's pid, not only the second and the host: a sweep
+    that starts two runs at once into one folder must not truncate one's events."""
+    from zerompi.train.tensorboard import TensorBoardLog
+    logs = [TensorBoardLog(str(tmp_path / "tb")) for _ in range(2)]
+    for log in logs:
+        log.close()
+    (first, second) = sorted(os.listdir(tmp_path / "tb"))
+    assert first != second
+
+
+@pytest.mark.parametrize("make", [lambda path: path.write_text("notes"), lambda path: os.mkfifo(path)],
+                         ids=["a-file", "a-fifo"])
+def test_a_tensorboard_path_that_is_not_a_folder_is_one_line(tmp_path, make):
+    make(tmp_path / "tb")
+    run = launch(1, "--steps", 2, "--hidden", 8, "--tensorboard", "tb", cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.count(ERROR_MARK) == 1, run.describe()
+    assert "cannot write TensorBoard events to tb: it exists and is not a folder" in run.stderr, run.describe()

@@ -25,10 +25,12 @@ write that fails costs one warning line and training goes on without the event f
 --metrics). A folder that cannot be created is bad input (setup, before any step).
 """
 import importlib
+import itertools
 import os
 
 from .metrics import warn
 
+WRITERS = itertools.count()          # event files this process opened
 INSTALL_HINT = "--tensorboard needs tensorboardX: pip install -e '.[tensorboard]'"
 STEP_TAGS = (("train/loss", "loss"), ("train/accuracy", "accuracy"), ("train/lr", "lr"),
              ("train/grad_norm", "grad_norm"), ("train/loss_scale", "loss_scale"),
@@ -52,9 +54,13 @@ class TensorBoardLog:
         from tensorboardX.proto import event_pb2, summary_pb2
         self.Event, self.Summary = event_pb2.Event, summary_pb2.Summary
         self.folder, self.writer, self.open_error = folder, None, None
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            self.open_error = f"cannot write TensorBoard events to {folder}: it exists and is not a folder"
+            return
         try:
             os.makedirs(folder, exist_ok=True)
-            self.writer = EventsWriter(os.path.join(folder, "events"))
+            # the name has the second and the host; the pid and a count keep runs started together apart
+            self.writer = EventsWriter(os.path.join(folder, "events"), f".{os.getpid()}.{next(WRITERS)}")
         except OSError as e:
             self.open_error = f"cannot write TensorBoard events to {folder}: {e.strerror or e}"
 
