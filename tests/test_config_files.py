@@ -525,3 +525,16 @@ def test_a_huge_batch_that_does_not_split_is_refused_at_once(global_batch, micro
     must not hang every rank before the error)."""
     with pytest.raises(ArgumentError, match=f"--batch-size {global_batch}"):
         resolve_batch(global_batch, micro, accumulation, 2)
+
+
+def test_the_fp16_section_is_checked_whenever_the_run_is_fp16_and_its_keys_always(tmp_path):
+    """fp16.enabled false in the file, --dtype fp16 on the command line: the run is fp16, so the
+    section's loss-scale settings are the run's (hysteresis 2 is refused, the window is taken);
+    a key zerompi does not know is refused whatever the dtype."""
+    off = write(tmp_path, "off.json", {"fp16": {"enabled": False, "hysteresis": 2}})
+    assert "fp16.hysteresis=2" in error_of(["--deepspeed-config", off, "--dtype", "fp16"])
+    assert parse_args(["--deepspeed-config", off]).dtype == "float32"          # not fp16: nothing to apply
+    window = write(tmp_path, "window.json", {"fp16": {"enabled": False, "loss_scale_window": 50}})
+    assert parse_args(["--deepspeed-config", window, "--dtype", "fp16"]).loss_scale_window == 50
+    unknown = write(tmp_path, "unknown.json", {"fp16": {"enabled": False, "bogus": 1}})
+    assert "fp16.bogus" in error_of(["--deepspeed-config", unknown])

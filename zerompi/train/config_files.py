@@ -31,8 +31,8 @@ such key:
 or the flag's default, as if the key were absent. That is how the batch sizes (the one batch rule
 decides), gradient_clipping, optimizer.params and scheduler.params (warmup_max_lr: --lr,
 warmup_num_steps: --warmup-steps, total_num_steps: --steps, warmup_min_lr: 0) are read, and
-fp16.enabled / bf16.enabled "auto" follow --dtype (fp16's loss-scale keys then apply when the
-run's --dtype is fp16). "auto" anywhere else is one line naming the key: nothing decides it.
+fp16.enabled / bf16.enabled "auto" follow --dtype. fp16's loss-scale keys are the run's (and
+checked) whenever the run is fp16, by the file or by --dtype; the section's keys are checked always. "auto" anywhere else is one line naming the key: nothing decides it.
 
 Accepted and ignored, because they change nothing in what a step computes:
 
@@ -269,9 +269,9 @@ def deepspeed_flags(ds, path, command_line):
     if fp16_enabled is True or bf16_enabled is True:
         flags["--dtype"] = "fp16" if fp16_enabled is True else "bf16"
     dtype = command_line.dtype or flags.get("--dtype") or command_line.default_dtype      # the run's
-    if fp16_enabled in (True, "auto") and dtype == "fp16":     # the loss-scale keys: only for an fp16 run
-        leftovers("fp16.", fp16, {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
-                                  "min_loss_scale", "hysteresis", "auto_cast", "consecutive_hysteresis"})
+    leftovers("fp16.", fp16, {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
+                              "min_loss_scale", "hysteresis", "auto_cast", "consecutive_hysteresis"})
+    if dtype == "fp16":                    # the loss-scale keys are the run's when it is fp16 (by any flag)
         if loss_scale != 0:
             unsupported.append(f"fp16.loss_scale={loss_scale} (a static scale; 0: dynamic)")
         if hysteresis != 1:
