@@ -61,6 +61,16 @@ def version_guard(test):
             ast.LtE: lambda v: v <= bound}[type(test.ops[0])]
 
 
+def imported_by_name(node):
+    """The module a call like importlib.import_module("x") or __import__("x") imports, else None
+    (a name computed at run time cannot be read; zerompi names its modules literally)."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return None
+    function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+    return node.args[0].value if function in ("import_module", "__import__") else None
+
+
 def imports(source):
     """(line, top-level name, at module level?, predicate on the Python version that runs it)."""
     found = []
@@ -70,6 +80,10 @@ def imports(source):
             found.extend((node.lineno, a.name.split(".")[0], module_level, runs) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             found.append((node.lineno, node.module.split(".")[0], module_level, runs))
+        elif imported_by_name(node):                      # importlib.import_module("x"), __import__("x")
+            found.append((node.lineno, imported_by_name(node).split(".")[0], module_level, runs))
+            for child in ast.iter_child_nodes(node):
+                visit(child, module_level, runs)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for child in ast.iter_child_nodes(node):
                 visit(child, False, runs)
@@ -107,7 +121,9 @@ def problems(modules, pyproject, optional_modules=()):
     """Every import of `modules` ({path: source}) that pyproject does not declare as the rules say;
     `optional_modules` ({path: source}, examples/) may take any extra for any import."""
     table, supported = declared(pyproject)
-    local = {os.path.splitext(os.path.basename(path))[0] for path in [*modules, *dict(optional_modules)]}
+    # examples/ import their own helper modules by name; zerompi's modules import each other
+    # relatively or as zerompi.x, so a bare name there (`import config`) is a third-party package
+    local = {os.path.splitext(os.path.basename(path))[0] for path in dict(optional_modules)}
     found = []
     for path, source, optional in [(p, s, False) for p, s in modules.items()] + \
                                   [(p, s, True) for p, s in dict(optional_modules).items()]:
@@ -194,12 +210,18 @@ def on_gpu():
     import cupy
     from matplotlib import pyplot
     import numpy
+
+
+def by_name():
+    import importlib
+    importlib.import_module("frobnicate.sub")
+    return __import__("fake")
 '''
 
 
 def test_the_check_reports_each_kind_of_undeclared_import_with_its_line():
     found = problems({"zerompi/fake.py": FAKE_MODULE}, FAKE_PYPROJECT)
-    assert len(found) == 6, found
+    assert len(found) == 8, found
     expected = [
         "zerompi/fake.py:4: import tqdm at module level: tqdm must be a core dependency",
         "zerompi/fake.py:5: import matplotlib at module level: matplotlib must be a core dependency (it is only "
@@ -210,6 +232,8 @@ def test_the_check_reports_each_kind_of_undeclared_import_with_its_line():
         "for exactly those",
         "zerompi/fake.py:16: import cupy (optional): cupy-cuda12x or cupy-cuda13x is neither a core dependency "
         "nor in an extra",        # the test extra does not count
+        "zerompi/fake.py:23: import frobnicate: unknown third-party package",
+        "zerompi/fake.py:24: import fake: unknown third-party package",   # its own file name is no excuse
     ]
     for line, want in zip(found, expected):
         assert line.startswith(want), (line, want)
@@ -222,7 +246,7 @@ def test_the_same_module_passes_once_declared():
                          "matplotlib"],
         "optional-dependencies": {"gpu": ["cupy-cuda12x"]},
     }}
-    module = FAKE_MODULE.replace("import frobnicate\n", "")
+    module = FAKE_MODULE.replace("import frobnicate\n", "").split("\n\n\ndef by_name")[0]
     assert problems({"zerompi/fake.py": module}, fixed) == []
 
 
