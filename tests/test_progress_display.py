@@ -197,7 +197,7 @@ def long_lines(output, but_the_table=True):
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_every_line_of_a_run_fits_80_columns(tmp_path, stage):
+def test_every_log_line_of_a_run_fits_80_columns_the_report_tables_aside(tmp_path, stage):
     run = train_ok(2, "--stage", stage, "--steps", 40, "--log-every", 10, cwd=tmp_path)
     assert "step 40/40  loss" in run.stdout and "Memory per rank" in run.stdout
     assert long_lines(run.output) == [], run.describe()
