@@ -1,6 +1,7 @@
 """tests/slurm/local_slurm.sh, the local Slurm of tests/test_slurm.py, leaves the machine as it found it:
 
     the configuration files it replaces are back byte for byte after `stop`; the ones it created are gone
+    a system Slurm's saved state is untouched; munge's folders get their owner and mode back
     `stop` ends the daemons it started, by their pids: a process named slurmd it did not start survives
     `start` refuses to run next to a slurmctld it did not start, and then touches nothing
 
@@ -64,6 +65,38 @@ def test_stop_puts_back_the_files_start_replaced_and_removes_those_it_created(lo
     subprocess.run([LOCAL_SLURM, "stop"], check=True, timeout=60)
     assert open(CONF, "rb").read() == PLANTED and os.stat(CONF).st_mode == mode
     assert not os.path.exists(GRES) and not os.path.exists(STATE)
+
+
+@pytest.mark.timeout(180)
+def test_a_system_slurms_state_and_munges_folders_are_left_as_they_were(local_slurm_stopped, tmp_path):
+    """Slurm's state, spool and logs go to the script's own folder (slurmctld -c wipes its
+    StateSaveLocation); the owner and mode of munge's folders, which it must chown, are put back."""
+    spool = "/var/spool/slurmctld"
+    made_spool = not os.path.exists(spool)
+    os.makedirs(spool, exist_ok=True)
+    planted = os.path.join(spool, "zerompi-test-planted-state")
+    with open(planted, "w") as f:
+        f.write("a system Slurm's saved state")
+    munge_lib = "/var/lib/munge"
+    made_lib = not os.path.exists(munge_lib)
+    os.makedirs(munge_lib, exist_ok=True)
+    before = os.stat(munge_lib)
+    os.chown(munge_lib, 0, 0)
+    os.chmod(munge_lib, 0o751)
+    try:
+        subprocess.run([LOCAL_SLURM, "start"], check=True, timeout=120)
+        subprocess.run([LOCAL_SLURM, "stop"], check=True, timeout=60)
+        assert open(planted).read() == "a system Slurm's saved state"
+        after = os.stat(munge_lib)
+        assert (after.st_uid, after.st_gid, after.st_mode & 0o7777) == (0, 0, 0o751)
+    finally:
+        os.remove(planted)
+        if made_spool:
+            os.rmdir(spool)
+        os.chown(munge_lib, before.st_uid, before.st_gid)
+        os.chmod(munge_lib, before.st_mode & 0o7777)
+        if made_lib:
+            shutil.rmtree(munge_lib, ignore_errors=True)
 
 
 @pytest.mark.timeout(180)

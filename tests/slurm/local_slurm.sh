@@ -4,9 +4,11 @@
 #   tests/slurm/local_slurm.sh start     back up the configuration files it replaces, write its own,
 #                                        start munged, slurmctld, slurmd; wait for the node to be idle
 #   tests/slurm/local_slurm.sh stop      stop the daemons it started (by the pids they wrote, never by
-#                                        name) and put back the files it replaced, byte for byte
+#                                        name) and put back the files it replaced, byte for byte, and the
+#                                        owner and mode of munge's folders; remove the folders it made
 #
-# What it started and what it replaced is kept in $state (below) until `stop`. It refuses to start
+# What it started and what it replaced is kept in $state (below) until `stop`; so are Slurm's state,
+# spool and log files (a system Slurm's saved state in /var/spool is never touched). It refuses to start
 # next to a munged, slurmctld or slurmd it did not start. Needs root and the packages (`apt-get
 # install slurmd slurmctld slurm-client munge`; .ci/run installs them). The node declares 8 CPUs
 # whatever the machine has (SlurmdParameters=config_overrides), so that 4- and 8-rank jobs fit on a
@@ -18,6 +20,7 @@ action=${1:-start}
 state=/run/zerompi-local-slurm            # pids of the daemons it started; backups of replaced files
 conf=/etc/slurm/slurm.conf
 REPLACED=("$conf" /etc/slurm/gres.conf /etc/munge/munge.key)
+FOLDERS=(/etc/slurm /etc/munge /run/munge /var/lib/munge /var/log/munge)   # made if absent; munge's chowned
 
 stop_daemon() {                            # by the pid recorded at start, if that process is still it
     local name=$1 pid
@@ -40,6 +43,16 @@ stop() {
         backup=$state/backup$file
         if [ -e "$backup" ]; then cp -p "$backup" "$file"; elif [ -e "$state/absent$file" ]; then rm -f "$file"; fi
     done
+    for folder in "${FOLDERS[@]}"; do      # owner and mode as they were; a folder it made, removed if empty
+        if [ -s "$state/owner$folder" ]; then
+            read -r owner mode < "$state/owner$folder"
+            chown "$owner" "$folder" 2>/dev/null || true
+            chmod "$mode" "$folder" 2>/dev/null || true
+        elif [ -e "$state/absent$folder" ]; then
+            rm -f "$folder/munged.pid" 2>/dev/null || true
+            rmdir "$folder" 2>/dev/null || true
+        fi
+    done
     rm -rf "$state"
 }
 
@@ -61,7 +74,14 @@ for file in "${REPLACED[@]}"; do
         mkdir -p "$(dirname "$state/absent$file")" && touch "$state/absent$file"
     fi
 done
-mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge /etc/munge
+for folder in "${FOLDERS[@]}"; do
+    if [ -d "$folder" ]; then
+        mkdir -p "$(dirname "$state/owner$folder")" && stat -c '%U:%G %a' "$folder" > "$state/owner$folder"
+    else
+        mkdir -p "$(dirname "$state/absent$folder")" "$folder" && touch "$state/absent$folder"
+    fi
+done
+mkdir -p "$state/slurmctld" "$state/slurmd" "$state/log"
 cat > "$conf" <<CONF
 ClusterName=zerompi
 SlurmctldHost=localhost
@@ -78,12 +98,12 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobRequeue=1
 ReturnToService=2
-StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+StateSaveLocation=$state/slurmctld
+SlurmdSpoolDir=$state/slurmd
 SlurmctldPidFile=$state/slurmctld.pid
 SlurmdPidFile=$state/slurmd.pid
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmctldLogFile=$state/log/slurmctld.log
+SlurmdLogFile=$state/log/slurmd.log
 SchedulerParameters=defer_batch
 KillWait=5
 GresTypes=gpu
@@ -110,5 +130,6 @@ for _ in $(seq 1 60); do
     if [ "$node_state" = idle ]; then echo "slurm: localhost idle"; exit 0; fi
     sleep 0.5
 done
-echo "slurm: localhost did not become idle (state: ${node_state:-none}); see /var/log/slurm/" >&2
+echo "slurm: localhost did not become idle (state: ${node_state:-none}); its logs:" >&2
+tail -n 20 "$state"/log/*.log >&2 || true
 exit 1
