@@ -56,7 +56,7 @@ def environment(**variables):
     return dict(env, **variables)
 
 
-def open_mpi_rank(tmp_path, stdout, columns=80):
+def open_mpi_rank(tmp_path, stdout):
     """Run one rank under a stand-in launcher named mpirun, with Open MPI's variables; the
     launcher's stdout is `stdout` (a file or a terminal's follower end)."""
     bin_dir = tmp_path / "bin"
