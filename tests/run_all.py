@@ -1,7 +1,9 @@
 """The whole test suite: `python tests/run_all.py` (what README and .ci/run call).
 
-    1. single-process tests:              python -m pytest tests          (MPI tests skip)
-    2. multi-rank tests, for N in 1 2 3 4 8:
+    1. single-process tests:              python -m pytest tests          (MPI and Slurm tests skip)
+    2. the Slurm tests:                   python -m pytest tests/test_local_slurm.py tests/test_slurm.py
+                                          (they skip without ZEROMPI_LOCAL_SLURM=1, root and Slurm)
+    3. multi-rank tests, for N in 1 2 3 4 8:
                                           mpirun -n N python tests/support/mpi_launch.py --with-mpi tests/mpi
 
 Each run has a wall-clock limit; a run that exceeds it is killed with its whole process group and
@@ -21,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
+SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py"]     # in this order: see test_local_slurm.py
 
 
 def mpirun():
@@ -46,7 +49,7 @@ def tally(lines):
     return passed, failed, skipped, reasons
 
 
-def run(name, command):
+def run(name, command, limit_seconds=LIMIT_SECONDS):
     """Run command, echoing its output; returns (passed, failed, skipped, skip reasons, ok)."""
     print(f"\n=== {name}: {' '.join(command)}", flush=True)
     start = time.time()
@@ -54,7 +57,7 @@ def run(name, command):
                                text=True, start_new_session=True)
     output = []
     try:
-        deadline_killer = _Deadline(process, LIMIT_SECONDS)
+        deadline_killer = _Deadline(process, limit_seconds)
         for line in process.stdout:
             print(line, end="", flush=True)
             output.append(line)
@@ -67,9 +70,9 @@ def run(name, command):
     passed, failed, skipped, reasons = tally(output)
     ok = process.returncode == 0 and not timed_out and passed > 0 and failed == 0
     if timed_out:
-        print(f"=== {name}: killed after {LIMIT_SECONDS} s", flush=True)
-    elif not ok and failed == 0:
-        failed = 1                       # a crash or abort without a pytest summary still fails
+        print(f"=== {name}: killed after {limit_seconds} s", flush=True)
+    if not ok and failed == 0:
+        failed = 1                       # killed, or a crash or abort without a pytest summary: still a failure
     print(f"=== {name}: {'ok' if ok else 'FAILED'} in {time.time() - start:.1f} s", flush=True)
     return passed, failed, skipped, reasons, ok and "no tests ran" not in text
 
@@ -100,7 +103,9 @@ def summary(totals):
 
 
 def main():
-    runs = [("single-process", [sys.executable, "-m", "pytest", "-q", "-rs", "tests"])]
+    pytest = [sys.executable, "-m", "pytest", "-q", "-rs"]
+    runs = [("single-process", pytest + [f"--ignore={path}" for path in SLURM_TESTS] + ["tests"]),
+            ("slurm", pytest + SLURM_TESTS)]
     for n in RANK_COUNTS:
         runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
                                     "-q", "-rs", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"]))

@@ -43,3 +43,11 @@ def test_the_summary_sums_the_runs_and_groups_the_skip_reasons():
 
 def test_a_line_without_a_summary_counts_nothing():
     assert tally(["collected 0 items\n"]) == (0, 0, 0, collections.Counter())
+
+
+def test_a_run_killed_at_its_time_limit_counts_as_failed():
+    """The limit kills the run before pytest prints its summary: the total must still say it failed
+    (it said "0 failed" while the run had failed)."""
+    passed, failed, skipped, reasons, ok = run("slow", [sys.executable, "-c", "import time; time.sleep(30)"],
+                                               limit_seconds=1)
+    assert (failed, ok) == (1, False)
