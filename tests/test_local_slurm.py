@@ -3,6 +3,7 @@
     the configuration files it replaces are back byte for byte after `stop`; the ones it created are gone
     a system Slurm's saved state is untouched; munge's folders get their owner and mode back
     `stop` ends the daemons it started, by their pids: a process named slurmd it did not start survives
+    `stop` ends a job still running (its slurmstepd works in the script's folder)
     `start` refuses to run next to a slurmctld it did not start, and then touches nothing
 
 Run under the same conditions as tests/test_slurm.py (ZEROMPI_LOCAL_SLURM=1, root, Slurm installed),
@@ -97,6 +98,40 @@ def test_a_system_slurms_state_and_munges_folders_are_left_as_they_were(local_sl
         os.chmod(munge_lib, before.st_mode & 0o7777)
         if made_lib:
             shutil.rmtree(munge_lib, ignore_errors=True)
+
+
+@pytest.mark.timeout(180)
+def test_stop_ends_a_job_still_running_instead_of_leaving_it_behind(local_slurm_stopped, tmp_path):
+    """A test that times out leaves its job running; stop must end the job's steps (slurmstepd
+    and the ranks under it), which would otherwise spin on the CPU for the rest of the suite."""
+    subprocess.run([LOCAL_SLURM, "start"], check=True, timeout=120)
+    seconds = 600 + os.getpid() % 1000                       # a sleep that only this test runs
+    marker = f"^sleep {seconds}$"
+    subprocess.run(["sbatch", "--wrap", f"sleep {seconds}"], cwd=tmp_path, check=True, timeout=60,
+                   capture_output=True)
+    deadline = time.time() + 60
+    while not subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout and time.time() < deadline:
+        time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout, "the job never started"
+    subprocess.run([LOCAL_SLURM, "stop"], check=True, timeout=60)
+    time.sleep(0.5)
+    assert not subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout
+
+
+@pytest.mark.timeout(240)
+def test_each_start_numbers_jobs_afresh(local_slurm_stopped, tmp_path):
+    """slurmctld -c begins at job 1 again, and MPICH names its shared memory after the job step:
+    a segment that a killed rank of an earlier "job 1" left in /dev/shm hung the next one in
+    MPI_Init. Two starts must not hand out the same job ids."""
+    ids = []
+    for _ in range(2):
+        subprocess.run([LOCAL_SLURM, "start"], check=True, timeout=120)
+        job = subprocess.run(["sbatch", "--parsable", "--wrap", "true"], cwd=tmp_path, check=True, timeout=60,
+                             capture_output=True, text=True).stdout.strip().split(";")[0]
+        ids.append(int(job))
+        subprocess.run([LOCAL_SLURM, "stop"], check=True, timeout=60)
+        time.sleep(1.1)                          # a new second: the numbering follows the clock
+    assert ids[0] != ids[1], ids
 
 
 @pytest.mark.timeout(180)

@@ -3,8 +3,9 @@
 #
 #   tests/slurm/local_slurm.sh start     back up the configuration files it replaces, write its own,
 #                                        start munged, slurmctld, slurmd; wait for the node to be idle
-#   tests/slurm/local_slurm.sh stop      stop the daemons it started (by the pids they wrote, never by
-#                                        name) and put back the files it replaced, byte for byte, and the
+#   tests/slurm/local_slurm.sh stop      cancel its jobs and end their steps (slurmstepd processes working
+#                                        in its folder), stop the daemons it started (by the pids they
+#                                        wrote, never by name) and put back the files it replaced, byte for byte, and the
 #                                        owner and mode of munge's folders; remove the folders it made
 #
 # What it started and what it replaced is kept in $state (below) until `stop`; so are Slurm's state,
@@ -35,8 +36,21 @@ stop_daemon() {                            # by the pid recorded at start, if th
     kill -KILL "$pid" 2>/dev/null || true
 }
 
+stop_steps() {                             # job steps of our slurmd (their files are in $state): end them
+    local pid children
+    scancel --full --quiet --state=RUNNING,PENDING 2>/dev/null || true
+    for _ in $(seq 1 50); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.2; done
+    for pid in $(pgrep -x slurmstepd || true); do
+        case "$(readlink "/proc/$pid/cwd" 2>/dev/null)" in "$state"*) ;; *) continue ;; esac
+        children=$(pgrep -P "$pid" || true)  # the batch script or the ranks, each a process group
+        for child in $children; do kill -KILL -- "-$child" 2>/dev/null || kill -KILL "$child" 2>/dev/null || true; done
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+}
+
 stop() {
     [ -d "$state" ] || return 0
+    stop_steps                             # a job still running (a test that timed out) must not outlive us
     stop_daemon slurmd & stop_daemon slurmctld & wait
     stop_daemon munged                     # last: the other two talk to it while they shut down
     for file in "${REPLACED[@]}"; do       # put back what was there, remove what was not
@@ -82,6 +96,9 @@ for folder in "${FOLDERS[@]}"; do
     fi
 done
 mkdir -p "$state/slurmctld" "$state/slurmd" "$state/log"
+# Job ids new at every start (slurmctld -c would begin at 1 again): MPICH names its shared-memory
+# segment after the job step, and one a killed rank left in /dev/shm hangs the next "job 1.0" in MPI_Init
+first_job_id=$(( $(date +%s) % 500000 * 100 + 1000 ))
 cat > "$conf" <<CONF
 ClusterName=zerompi
 SlurmctldHost=localhost
@@ -97,6 +114,7 @@ SlurmdParameters=config_overrides
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobRequeue=1
+FirstJobId=$first_job_id
 ReturnToService=2
 StateSaveLocation=$state/slurmctld
 SlurmdSpoolDir=$state/slurmd
