@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
+SINGLE_LIMIT_SECONDS = 1200        # about 1100 tests, many of them launching real MPI jobs
 SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py"]     # in this order: see test_local_slurm.py
 
 
@@ -103,13 +104,14 @@ def summary(totals):
 
 
 def main():
-    pytest = [sys.executable, "-m", "pytest", "-q", "-rs"]
-    runs = [("single-process", pytest + [f"--ignore={path}" for path in SLURM_TESTS] + ["tests"]),
-            ("slurm", pytest + SLURM_TESTS)]
+    pytest = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=15"]      # the slowest, to keep the suite fast
+    runs = [("single-process", pytest + [f"--ignore={path}" for path in SLURM_TESTS] + ["tests"], SINGLE_LIMIT_SECONDS),
+            ("slurm", pytest + SLURM_TESTS, LIMIT_SECONDS)]
     for n in RANK_COUNTS:
         runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
-                                    "-q", "-rs", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"]))
-    totals = [run(name, command) for name, command in runs]
+                                    "-q", "-rs", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"],
+                     LIMIT_SECONDS))
+    totals = [run(name, command, limit) for name, command, limit in runs]
     print("\n" + summary(totals), flush=True)
     return 0 if all(t[4] for t in totals) else 1
 
