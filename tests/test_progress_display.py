@@ -93,6 +93,9 @@ class Terminal:
     def isatty(self):
         return True
 
+    def fileno(self):
+        return 1
+
 
 class File:
     def isatty(self):
