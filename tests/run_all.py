@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
-SINGLE_LIMIT_SECONDS = 1200        # about 1100 tests, many of them launching real MPI jobs
+SINGLE_LIMIT_SECONDS = 2400        # about 1100 tests, many launching real MPI jobs: about 19 min on 2 cores
 SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py"]     # in this order: see test_local_slurm.py
 
 
