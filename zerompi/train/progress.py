@@ -95,7 +95,9 @@ def format_lr(lr):
 
 def format_step_time(seconds):
     """Three significant digits, always 12 columns (so that which fields fit never depends on the
-    timing): `9.45 ms/step`, ` 145 ms/step`, `1.23  s/step`, ` 912 us/step`."""
+    timing): `9.45 ms/step`, ` 145 ms/step`, `1.23  s/step`, ` 912 us/step`, ` 927 ns/step`."""
+    if seconds < 0.9995e-6:
+        return f"{significant(1e9 * seconds, 3):>4} ns/step"
     if seconds < 0.0009995:
         return f"{significant(1e6 * seconds, 3):>4} us/step"
     if seconds < 0.9995:
