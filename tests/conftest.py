@@ -14,3 +14,12 @@ def no_hang():
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="session")
+def emulated_cluster():
+    """A 4-node emulated cluster (tests/support/cluster.py) for the whole session; runs use the
+    first 2 or all 4 nodes."""
+    from support.cluster import emulated_cluster as cluster
+    with cluster(number=1, nodes=4) as c:
+        yield c

@@ -116,9 +116,10 @@ class Cluster:
             run("ip", "netns", "del", self.node_name(i), check=False)
         run("ip", "link", "del", self.bridge, check=False)
 
-    def mpiexec_command(self, ppn, command):
-        """MPICH's mpiexec across the nodes, started on node 1, ppn ranks per node."""
-        nodes = self.nodes()
+    def mpiexec_command(self, ppn, command, num_nodes=None):
+        """MPICH's mpiexec across the first num_nodes nodes (all by default), started on node 1,
+        ppn ranks per node."""
+        nodes = self.nodes()[:num_nodes]
         mpiexec = shutil.which("mpiexec") or "mpiexec"
         hosts = ",".join(self.node_address(i) for i in nodes)
         return self.on_node(nodes[0], [mpiexec, "-launcher", "ssh", "-launcher-exec", NODE_SHELL,

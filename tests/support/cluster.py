@@ -1,0 +1,63 @@
+"""The emulated cluster for tests: tools/emulated_cluster.py's nodes, up for a test session and
+always taken down again (also when a test fails or is interrupted).
+
+    with emulated_cluster(number=1, nodes=4) as cluster:          (or the `emulated_cluster` fixture)
+        result = run_across(cluster, ppn=2, command=[...], num_nodes=2, timeout=120)
+
+Tests on it skip where it cannot exist (not root, no `ip`/`nsenter`/`unshare`); under CI
+(the CI variable set) they fail instead, so that a machine that lost them is noticed.
+"""
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import pytest
+
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools")
+sys.path.insert(0, TOOLS)
+from emulated_cluster import Cluster  # noqa: E402
+
+
+def missing():
+    """Why an emulated cluster cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root (network namespaces)"
+    for tool in ("ip", "tc", "nsenter", "unshare", "mpiexec"):
+        if shutil.which(tool) is None:
+            return f"the emulated cluster needs {tool}"
+    return None
+
+
+@contextmanager
+def emulated_cluster(number, nodes):
+    """Cluster `number` with `nodes` nodes, up for the with-block, down afterwards."""
+    problem = missing()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+    cluster = Cluster(number)
+    cluster.down()                         # what an earlier, killed session may have left
+    cluster.up(nodes)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def run_across(cluster, ppn, command, num_nodes=None, timeout=180, env=None):
+    """Run command (a list) with MPICH's mpiexec, ppn ranks on each of the first num_nodes nodes;
+    returns the CompletedProcess (text). The launcher runs in its own process group, which is
+    killed whole at the timeout."""
+    full = cluster.mpiexec_command(ppn, command, num_nodes)
+    process = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        out, err = process.communicate()
+        raise AssertionError(f"timed out after {timeout} s: {' '.join(command)}\n{out}\n{err}")
+    return subprocess.CompletedProcess(full, process.returncode, out, err)
