@@ -1,4 +1,5 @@
 """Fixtures shared by the single-process tests."""
+import os
 import signal
 
 import pytest
@@ -19,7 +20,8 @@ def no_hang():
 @pytest.fixture(scope="session")
 def emulated_cluster():
     """A 4-node emulated cluster (tests/support/cluster.py) for the whole session; runs use the
-    first 2 or all 4 nodes."""
+    first 2 or all 4 nodes. Cluster number 1, or $ZEROMPI_TEST_CLUSTER (0-9): test sessions that
+    run side by side need different numbers."""
     from support.cluster import emulated_cluster as cluster
-    with cluster(number=1, nodes=4) as c:
+    with cluster(number=int(os.environ.get("ZEROMPI_TEST_CLUSTER", "1")), nodes=4) as c:
         yield c
