@@ -36,16 +36,73 @@ it updates, so the rest of a full all-reduce would be wasted work.
 
 Activations, temporary buffers and fragmentation are not modelled.
 
-Run `python -m zerompi.memory --params 7e9` for the per-rank table.
+Across nodes: hybrid sharding and hpZ
+-------------------------------------
+    L  ranks per node; ranks are placed in blocks, node j holds ranks jL .. jL+L-1
+    k  = N/L nodes
+    S  shard group of hybrid sharding (--shard-group, S divides N): ZeRO inside each group
+       of S consecutive ranks, the N/S groups are replicas of each other
+    R  = N/S replicas
+
+Hybrid sharding (PyTorch FSDP2's HSDP, DeepSpeed's MiCS), stages 1-3: each group runs the stage
+over its S ranks (reduce-scatter of the gradients, all-gather of the parameters), and the shard a
+rank owns, Ψ/S, is all-reduced over the R ranks that own it, one per group, so the replicas stay
+equal. hpZ (ZeRO++), stage 3: the parameters keep their primary partition over all N ranks, and
+each rank also keeps a secondary copy, the Ψ/L slice of its node, cut from the forward's
+all-gather over all N; backward all-gathers those slices over the L ranks of the node only.
+
+    variant          memory per rank                    collectives per step
+    ---------------  ---------------------------------  --------------------------------------------
+    hybrid, stage s  stage s's formula, N replaced      in the group (S ranks): stage s's own
+                     by S: (P + G)Ψ + KΨ/S (s = 1)      (stage 1-2: RS grads + AG params,
+                     PΨ + (G + K)Ψ/S (s = 2)            stage 3: AG, AG params + RS grads);
+                     (P + G + K)Ψ/S (s = 3)             across groups (R ranks): AR of the Ψ/S shard
+    hpZ, stage 3     (P + G + K)Ψ/N + PΨ/L              AG params over N (forward), AG params over
+                     (primary over N, secondary over    the node's L ranks (backward), RS grads over N
+                     the node)
+
+Ring model of the wire (the ledger's count, zerompi/ledger.py): a ring collective over n ranks
+moves (n-1)/n of its buffer per rank for a reduce-scatter or an all-gather, 2(n-1)/n for an
+all-reduce, and each rank sends all of it to its successor in the ring (the next rank of the ring,
+the last one wrapping to the first). A rank's bytes are inter-node exactly when its successor is
+on another node. So a ring over all N ranks crosses at the last rank of each node, k senders when
+k > 1; a ring inside a node never crosses; a ring over the R replicas crosses wherever two members
+in a row are on different nodes: at every member when S is a multiple of L (R = k when S = L), at
+the members in each node's last group when S divides L.
+
+Elements per rank and per node per step, one micro-batch, k > 1 (with one node nothing crosses):
+
+    variant           ranks that send across        per rank across      per rank inside    per node across
+    ----------------  ----------------------------  -------------------  -----------------  ---------------
+    flat, stage s     the last of each node,        c Ψ(N-1)/N           c Ψ(N-1)/N         c Ψ(N-1)/N
+    (c = 2, 2, 2, 3)  jL+L-1 (the others: inside)   (the senders)        (the others)
+    hybrid, S = L     all, in the replica ring      2(Ψ/L)(k-1)/k        c Ψ(L-1)/L         2Ψ(k-1)/k
+    (c = 2, 2, 3)     (the group ring: inside)
+    hpZ, stage 3      the last of each node, in     2Ψ(N-1)/N            Ψ(L-1)/L (bwd AG)  2Ψ(N-1)/N
+                      the rings over N              (the senders)        + 2Ψ(N-1)/N (the
+                                                                         others)
+
+Across nodes, stage 3 moves 3Ψ(N-1)/N per node and step, hpZ 2Ψ(N-1)/N: 3Ψ -> 2Ψ. Hybrid
+sharding with S = L sends only the all-reduce of the shards across, 2Ψ(k-1)/k per node, at any
+stage, over k ranks in a ring instead of N. For any S dividing N the functions below apply the
+same ring rule to each of the step's rings (ring_traffic_per_rank). In bytes: elements of the
+gradients times G, of the parameters times P.
+
+Run `python -m zerompi.memory --params 7e9` for the per-rank table, and
+`python -m zerompi.memory --params 7e9 --ranks-per-node 8` for the variants on 1 to 16 nodes.
 """
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass
+
+from .exit_codes import ExitCode
 
 STAGES = (0, 1, 2, 3)
 STAGE_NAMES = ("Baseline", "Stage 1", "Stage 2", "Stage 3")
 DEFAULT_RANKS = (1, 4, 8, 16, 32, 64, 128)
+DEFAULT_NODES = (1, 2, 4, 8, 16)
 GB = 1e9
 
 
@@ -99,6 +156,129 @@ def comm_elements_per_step(stage: int, num_params: float, num_ranks: int, micro_
     return passes_over_params * num_params * (num_ranks - 1) / num_ranks
 
 
+# ---------------------------------------------------------------- across nodes: hybrid sharding and hpZ
+# Memory of the hierarchical variants, and the ring model of every variant's traffic split into
+# intra- and inter-node elements ("Across nodes" in the module docstring).
+
+
+def _check_divides(name, size, num_ranks):
+    if not (isinstance(num_ranks, int) and isinstance(size, int) and size >= 1 and num_ranks % size == 0):
+        raise ValueError(f"{name} must be an integer >= 1 that divides num_ranks = {num_ranks!r}, got {size!r}")
+
+
+def _check_hybrid(stage, num_params, num_ranks, shard_group):
+    _check(stage, num_params, num_ranks)
+    if stage == 0:
+        raise ValueError("hybrid sharding shards stage 1, 2 or 3 inside the groups, got stage 0")
+    _check_divides("shard_group", shard_group, num_ranks)
+
+
+def _check_nodes(num_params, num_ranks, ranks_per_node):
+    _check(3, num_params, num_ranks)
+    _check_divides("ranks_per_node", ranks_per_node, num_ranks)
+
+
+def hybrid_model_state_bytes(stage: int, num_params: float, num_ranks: int, shard_group: int,
+                             b: BytesPerParam) -> dict:
+    """Bytes per rank of hybrid sharding: stage 1-3 inside groups of S ranks, N replaced by S."""
+    _check_hybrid(stage, num_params, num_ranks, shard_group)
+    return model_state_bytes(stage, num_params, shard_group, b)
+
+
+def hpz_model_state_bytes(num_params: float, num_ranks: int, ranks_per_node: int, b: BytesPerParam) -> dict:
+    """Bytes per rank of stage 3 with hpZ: 'params' holds the primary shard PΨ/N and the
+    secondary one, the node's slice PΨ/L."""
+    _check_nodes(num_params, num_ranks, ranks_per_node)
+    state = model_state_bytes(3, num_params, num_ranks, b)
+    secondary = b.param * num_params / ranks_per_node
+    return {**state, "params": state["params"] + secondary, "total": state["total"] + secondary}
+
+
+@dataclass(frozen=True)
+class RingCollective:
+    """One collective of a training step, run at once on disjoint rings of ranks."""
+    purpose: str        # "grads" (reduce-scatter, all-reduce) or "params" (all-gather), as the ledger counts
+    passes: int         # 1 for reduce-scatter and all-gather, 2 for all-reduce
+    numel: float        # elements of the buffer: the ring moves passes * numel * (n-1)/n per rank
+    rings: tuple        # each ring's ranks in ring order
+
+
+def _blocks(num_ranks, size):
+    """Rings of `size` consecutive ranks: (0 .. size-1), (size .. 2 size-1), ..."""
+    return tuple(tuple(range(first, first + size)) for first in range(0, num_ranks, size))
+
+
+def _strided(num_ranks, size):
+    """Rings of the ranks at the same place in each block of `size`: (0, size, 2 size, ...), (1, ...)."""
+    return tuple(tuple(range(first, num_ranks, size)) for first in range(size))
+
+
+def _stage_collectives(stage, num_params, rings):
+    """What stage s runs on each ring per step (one micro-batch): comm_elements_per_step's passes."""
+    if stage == 0:
+        return [RingCollective("grads", 2, num_params, rings)]                # all-reduce
+    if stage in (1, 2):
+        return [RingCollective("grads", 1, num_params, rings),                # reduce-scatter
+                RingCollective("params", 1, num_params, rings)]               # all-gather after the update
+    return [RingCollective("params", 1, num_params, rings),                   # all-gather in forward
+            RingCollective("params", 1, num_params, rings),                   # all-gather in backward
+            RingCollective("grads", 1, num_params, rings)]                    # reduce-scatter
+
+
+def flat_collectives(stage: int, num_params: float, num_ranks: int) -> list:
+    """Stage 0-3 over all N ranks: one ring."""
+    _check(stage, num_params, num_ranks)
+    return _stage_collectives(stage, num_params, _blocks(num_ranks, num_ranks))
+
+
+def hybrid_collectives(stage: int, num_params: float, num_ranks: int, shard_group: int) -> list:
+    """Stage 1-3 inside each group of S consecutive ranks, then the all-reduce of each owned shard
+    (Ψ/S elements) over the R = N/S ranks that own it, one per group."""
+    _check_hybrid(stage, num_params, num_ranks, shard_group)
+    return (_stage_collectives(stage, num_params, _blocks(num_ranks, shard_group)) +
+            [RingCollective("grads", 2, num_params / shard_group, _strided(num_ranks, shard_group))])
+
+
+def hpz_collectives(num_params: float, num_ranks: int, ranks_per_node: int) -> list:
+    """Stage 3 with hpZ: forward's all-gather over all N (each rank keeps its node's slice of it),
+    backward's all-gather of those slices over the L ranks of the node, the reduce-scatter over all N."""
+    _check_nodes(num_params, num_ranks, ranks_per_node)
+    everyone, nodes = _blocks(num_ranks, num_ranks), _blocks(num_ranks, ranks_per_node)
+    return [RingCollective("params", 1, num_params, everyone),
+            RingCollective("params", 1, num_params, nodes),
+            RingCollective("grads", 1, num_params, everyone)]
+
+
+def ring_traffic_per_rank(collectives: list, num_ranks: int, ranks_per_node: int) -> list:
+    """Elements each rank sends per step in the ring model, by link and purpose:
+    [{'intra': {'grads': ..., 'params': ...}, 'inter': {...}} for rank 0, 1, ..., N-1].
+
+    A rank's share of a ring collective goes to its successor in the ring: inter-node when the
+    successor is on another node (ranks in blocks of L per node)."""
+    _check_divides("ranks_per_node", ranks_per_node, num_ranks)
+    traffic = [{link: {"grads": 0.0, "params": 0.0} for link in ("intra", "inter")} for _ in range(num_ranks)]
+    for collective in collectives:
+        for ring in collective.rings:
+            per_rank = collective.passes * collective.numel * (len(ring) - 1) / len(ring)
+            for rank, successor in zip(ring, ring[1:] + ring[:1]):
+                link = "intra" if rank // ranks_per_node == successor // ranks_per_node else "inter"
+                traffic[rank][link][collective.purpose] += per_rank
+    return traffic
+
+
+def inter_node_per_node(traffic: list, ranks_per_node: int) -> list:
+    """Elements each node sends to other nodes per step, {'grads': ..., 'params': ...} by node:
+    the sum of its ranks' inter-node traffic (from ring_traffic_per_rank)."""
+    return [{purpose: sum(t["inter"][purpose] for t in traffic[first:first + ranks_per_node])
+             for purpose in ("grads", "params")}
+            for first in range(0, len(traffic), ranks_per_node)]
+
+
+def wire_bytes(elements: dict, b: BytesPerParam) -> float:
+    """Bytes of {'grads': ..., 'params': ...} elements: gradients at G bytes, parameters at P."""
+    return b.grad * elements["grads"] + b.param * elements["params"]
+
+
 # ---------------------------------------------------------------- CLI
 
 
@@ -141,16 +321,26 @@ def _rank_count(text):
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, `zerompi: error: ...`, and exit status 2."""
+
+    def error(self, message):
+        print(f"zerompi: error: {message}", file=sys.stderr)
+        raise SystemExit(ExitCode.BAD_INPUT)
+
+
 def _build_parser():
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m zerompi.memory",
         description="Per-rank model-state memory and communication volume per step "
                     "for ZeRO stages 0-3. Stage 0 is plain data parallelism; stages 1, 2 "
-                    "and 3 partition the optimizer state, + gradients, + parameters.",
+                    "and 3 partition the optimizer state, + gradients, + parameters. "
+                    "With --ranks-per-node: the same across nodes, beside hybrid sharding "
+                    "and stage 3 with hpZ, and the bytes each node sends to the others.",
     )
     parser.add_argument("--params", type=_positive_float, required=True,
                         help="number of model parameters Ψ, e.g. 7e9")
-    parser.add_argument("--ranks", type=_rank_count, nargs="+", default=list(DEFAULT_RANKS),
+    parser.add_argument("--ranks", type=_rank_count, nargs="+",
                         metavar="N", help="data-parallel rank counts, one table row each "
                                           "(default: " + " ".join(map(str, DEFAULT_RANKS)) + ")")
     bytes_choice = parser.add_mutually_exclusive_group()
@@ -160,29 +350,48 @@ def _build_parser():
     bytes_choice.add_argument("--bytes", type=_non_negative_float, nargs=3, metavar=("P", "G", "K"),
                               help="bytes per parameter of parameter, gradient and optimizer "
                                    "state, overriding --precision")
+    nodes = parser.add_argument_group(
+        "across nodes", "Print per-rank memory and the inter-node bytes per node per step of stages "
+                        "0-3 over all ranks (flat), hybrid sharding (stages 1-3 inside groups of S "
+                        "consecutive ranks, replicas across the groups) and stage 3 with hpZ (a "
+                        "secondary copy of the parameters sharded over each node), ranks placed in "
+                        "blocks of L per node, one row per node count. Ring model: a rank's bytes "
+                        "cross nodes when its successor in the ring is on another node.")
+    nodes.add_argument("--ranks-per-node", type=_rank_count, metavar="L",
+                       help="ranks per node: print the tables across nodes instead of the --ranks ones")
+    nodes.add_argument("--nodes", type=_rank_count, nargs="+", metavar="k",
+                       help="node counts, one row each (N = k L ranks; default: "
+                            + " ".join(map(str, DEFAULT_NODES)) + ")")
+    nodes.add_argument("--shard-group", type=_rank_count, metavar="S",
+                       help="ranks per group of hybrid sharding, dividing every row's N (default: L, one node)")
     return parser
 
 
-def main(argv=None) -> int:
-    args = _build_parser().parse_args(argv)
-    if args.bytes is not None:
-        b = BytesPerParam(*args.bytes)
-        bytes_name = "from --bytes"
-    elif args.precision == "fp32":
-        b, bytes_name = FP32, "fp32 Adam"
-    else:
-        b, bytes_name = MIXED_PRECISION, "mixed-precision Adam"
+def _check_args(parser, args):
+    """Errors of flags that only make sense together, and group sizes that do not divide N."""
+    if args.ranks_per_node is None:
+        for flag, value in (("--nodes", args.nodes), ("--shard-group", args.shard_group)):
+            if value is not None:
+                parser.error(f"{flag} needs --ranks-per-node")
+        return
+    if args.ranks is not None:
+        parser.error("--ranks and --ranks-per-node exclude each other: with --ranks-per-node the rows are --nodes")
+    group = args.shard_group or args.ranks_per_node
+    for k in args.nodes or DEFAULT_NODES:
+        if (k * args.ranks_per_node) % group:
+            parser.error(f"--shard-group {group} does not divide N = {k * args.ranks_per_node} "
+                         f"(--nodes {k} x --ranks-per-node {args.ranks_per_node})")
+
+
+def _print_flat_tables(psi, ranks, b):
+    """The per-GPU memory of stages 0-3 (the source article's table) and the per-GPU ring volume."""
     # Communicated tensors (grads, params) are sent in the parameter dtype.
     bytes_per_element = b.param
-    psi = args.params
     header = f"{'GPUs':>6}{STAGE_NAMES[0]:>12}" + "".join(f"{n:>11}" for n in STAGE_NAMES[1:])
-
-    print(f"Bytes per parameter: P={b.param:g} G={b.grad:g} K={b.optimizer:g} ({bytes_name})")
-    print()
     print(f"Per-GPU memory (GB) for a {_model_size_name(psi)} parameter model")
     print(header)
     print("-" * 52)
-    for n in args.ranks:
+    for n in ranks:
         total_gb = [model_state_bytes(s, psi, n, b)["total"] / GB for s in STAGES]
         print(f"{n:>6}{total_gb[0]:>11.1f}G" + "".join(f"{x:>10.1f}G" for x in total_gb[1:]))
 
@@ -192,12 +401,70 @@ def main(argv=None) -> int:
           f"16-bit gradients in float32, 4 bytes)")
     print(f"{'GPUs':>6}" + "".join(f"{n:>18}" for n in STAGE_NAMES))
     print("-" * 78)
-    for n in args.ranks:
+    for n in ranks:
         cells = []
         for s in STAGES:
             elements = comm_elements_per_step(s, psi, n)
             cells.append(f"{elements / 1e9:.2f}e9 / {elements * bytes_per_element / GB:.1f}G")
         print(f"{n:>6}" + "".join(f"{c:>18}" for c in cells))
+
+
+def _variants(psi, n, ranks_per_node, group, b):
+    """(model state bytes per rank, collectives per step) of each column across nodes, in order:
+    flat stages 0-3, hybrid stages 1-3, stage 3 with hpZ."""
+    return ([(model_state_bytes(s, psi, n, b), flat_collectives(s, psi, n)) for s in STAGES] +
+            [(hybrid_model_state_bytes(s, psi, n, group, b), hybrid_collectives(s, psi, n, group))
+             for s in STAGES[1:]] +
+            [(hpz_model_state_bytes(psi, n, ranks_per_node, b), hpz_collectives(psi, n, ranks_per_node))])
+
+
+def _print_node_tables(psi, ranks_per_node, node_counts, group, b):
+    """Per-GPU memory and the busiest node's inter-node bytes per step, one column per variant."""
+    titles = (f"{'flat: ZeRO over all N GPUs':^32}{f'hybrid: groups of {group}':^24}{'hpZ':>8}\n"
+              f"{'nodes':>5}{'GPUs':>6}" + "".join(f"{f'Stage {s}':>8}" for s in STAGES + STAGES[1:] + (3,)))
+    rows = [(k, k * ranks_per_node, _variants(psi, k * ranks_per_node, ranks_per_node, group, b))
+            for k in node_counts]
+
+    print(f"Per-GPU memory (GB) for a {_model_size_name(psi)} parameter model, "
+          f"{ranks_per_node} GPUs per node")
+    print(" " * 11 + titles)
+    print("-" * 75)
+    for k, n, variants in rows:
+        print(f"{k:>5}{n:>6}" + "".join(f"{state['total'] / GB:>7.1f}G" for state, _ in variants))
+
+    print()
+    print("Inter-node traffic per node per step (GB the busiest node sends to the others, ring model)")
+    print(f"at G={b.grad:g} bytes per gradient and P={b.param:g} per parameter element, the paper's model; "
+          f"zerompi itself reduces 16-bit gradients in float32, 4 bytes")
+    print(" " * 11 + titles)
+    print("-" * 75)
+    for k, n, variants in rows:
+        cells = []
+        for _, collectives in variants:
+            per_node = inter_node_per_node(ring_traffic_per_rank(collectives, n, ranks_per_node), ranks_per_node)
+            cells.append(max(wire_bytes(node, b) for node in per_node) / GB)
+        print(f"{k:>5}{n:>6}" + "".join(f"{x:>7.1f}G" for x in cells))
+
+
+def main(argv=None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    if args.bytes is not None:
+        b = BytesPerParam(*args.bytes)
+        bytes_name = "from --bytes"
+    elif args.precision == "fp32":
+        b, bytes_name = FP32, "fp32 Adam"
+    else:
+        b, bytes_name = MIXED_PRECISION, "mixed-precision Adam"
+
+    print(f"Bytes per parameter: P={b.param:g} G={b.grad:g} K={b.optimizer:g} ({bytes_name})")
+    print()
+    if args.ranks_per_node is None:
+        _print_flat_tables(args.params, args.ranks or DEFAULT_RANKS, b)
+    else:
+        _print_node_tables(args.params, args.ranks_per_node, args.nodes or DEFAULT_NODES,
+                           args.shard_group or args.ranks_per_node, b)
     return 0
 
 
