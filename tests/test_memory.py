@@ -202,7 +202,8 @@ def test_hybrid_memory_hand_computed():
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_hybrid_memory_limits(stage):
     # one group of all N is flat ZeRO; groups of one rank keep everything, as stage 0
-    assert hybrid_model_state_bytes(stage, 1e6, 8, 8, MIXED_PRECISION) == model_state_bytes(stage, 1e6, 8, MIXED_PRECISION)
+    flat = model_state_bytes(stage, 1e6, 8, MIXED_PRECISION)
+    assert hybrid_model_state_bytes(stage, 1e6, 8, 8, MIXED_PRECISION) == flat
     assert hybrid_model_state_bytes(stage, 1e6, 8, 1, MIXED_PRECISION)["total"] == 16e6
 
 
@@ -298,11 +299,41 @@ def test_hybrid_totals_and_nodes(stage, num_ranks, ranks_per_node, group):
             [2 * psi * (nodes - 1) / nodes] * nodes)
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("ranks_per_node, group, nodes", [(8, 2, 2), (8, 4, 4), (4, 1, 3), (6, 3, 2)])
+def test_hybrid_groups_inside_nodes_closed_form(stage, ranks_per_node, group, nodes):
+    # S divides L: the ranks of each node's last group send 2(Ψ/S)(R-1)/R across, per node 2Ψ(R-1)/R
+    psi, n = 1e6, ranks_per_node * nodes
+    replicas, c = n // group, {1: 2, 2: 2, 3: 3}[stage]
+    across = 2 * (psi / group) * (replicas - 1) / replicas
+    for rank, t in enumerate(traffic(hybrid_collectives(stage, psi, n, group), n, ranks_per_node)):
+        in_last_group = rank % ranks_per_node >= ranks_per_node - group
+        assert t[2] + t[3] == pytest.approx(across if in_last_group else 0)
+        assert t[0] + t[1] == pytest.approx(c * psi * (group - 1) / group + (0 if in_last_group else across))
+    assert per_node(hybrid_collectives(stage, psi, n, group), n, ranks_per_node) == pytest.approx(
+        [2 * psi * (replicas - 1) / replicas] * nodes)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("ranks_per_node, nodes_per_group, nodes", [(2, 2, 4), (4, 2, 2), (1, 3, 6), (3, 2, 4)])
+def test_hybrid_groups_over_several_nodes_closed_form(stage, ranks_per_node, nodes_per_group, nodes):
+    # S = mL: the group ring crosses at each node's last rank, every rank sends its shard's all-reduce across
+    psi, n, group = 1e6, ranks_per_node * nodes, ranks_per_node * nodes_per_group
+    replicas, c = n // group, {1: 2, 2: 2, 3: 3}[stage]
+    in_group, across_groups = c * psi * (group - 1) / group, 2 * (psi / group) * (replicas - 1) / replicas
+    for rank, t in enumerate(traffic(hybrid_collectives(stage, psi, n, group), n, ranks_per_node)):
+        last_of_node = rank % ranks_per_node == ranks_per_node - 1
+        assert t[2] + t[3] == pytest.approx(across_groups + (in_group if last_of_node else 0))
+        assert t[0] + t[1] == pytest.approx(0 if last_of_node else in_group)
+    assert per_node(hybrid_collectives(stage, psi, n, group), n, ranks_per_node) == pytest.approx(
+        [in_group + ranks_per_node * across_groups] * nodes)
+
+
 def test_hpz_hand_computed():
     # Ψ = 1000, N = 8 on 2 nodes of 4. Forward all-gather and reduce-scatter over all 8: 875 each,
     # across from ranks 3 and 7; backward all-gather over the node's 4 ranks: 750, inside.
     others, last_of_node = (875, 875 + 750, 0, 0), (0, 750, 875, 875)
-    assert traffic(hpz_collectives(1000, 8, 4), 8, 4) == [others] * 3 + [last_of_node] + [others] * 3 + [last_of_node]
+    assert traffic(hpz_collectives(1000, 8, 4), 8, 4) == ([others] * 3 + [last_of_node]) * 2
     # per node: 2Ψ(N-1)/N = 1750 against flat stage 3's 3Ψ(N-1)/N = 2625
     assert per_node(hpz_collectives(1000, 8, 4), 8, 4) == [1750, 1750]
     assert per_node(flat_collectives(3, 1000, 8), 8, 4) == [2625, 2625]
@@ -315,6 +346,13 @@ def test_hpz_saves_one_third_across_nodes(num_ranks, ranks_per_node):
     flat = per_node(flat_collectives(3, psi, num_ranks), num_ranks, ranks_per_node)
     assert hpz == pytest.approx([2 * psi * (num_ranks - 1) / num_ranks] * len(hpz))
     assert [h / f for h, f in zip(hpz, flat)] == pytest.approx([2 / 3] * len(hpz))
+    # per rank: 2Ψ(N-1)/N across from each node's last rank (inside from the others), and the
+    # backward all-gather inside the node, Ψ(L-1)/L, from every rank
+    over_all, in_node = 2 * psi * (num_ranks - 1) / num_ranks, psi * (ranks_per_node - 1) / ranks_per_node
+    for rank, t in enumerate(traffic(hpz_collectives(psi, num_ranks, ranks_per_node), num_ranks, ranks_per_node)):
+        last_of_node = rank % ranks_per_node == ranks_per_node - 1
+        assert t[2] + t[3] == pytest.approx(over_all if last_of_node else 0)
+        assert t[0] + t[1] == pytest.approx(in_node + (0 if last_of_node else over_all))
 
 
 def test_wire_bytes_counts_gradients_at_g_and_parameters_at_p():
@@ -383,7 +421,8 @@ def test_cli_across_nodes_options(capsys):
 
 def test_cli_across_nodes_via_subprocess():
     result = subprocess.run(
-        [sys.executable, "-m", "zerompi.memory", "--params", "7e9", "--ranks-per-node", "8", "--nodes", "1", "2"],
+        [sys.executable, "-m", "zerompi.memory", "--params", "7e9", "--ranks-per-node", "8",
+         "--nodes", "1", "2"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr

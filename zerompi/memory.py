@@ -70,23 +70,26 @@ k > 1; a ring inside a node never crosses; a ring over the R replicas crosses wh
 in a row are on different nodes: at every member when S is a multiple of L (R = k when S = L), at
 the members in each node's last group when S divides L.
 
-Elements per rank and per node per step, one micro-batch, k > 1 (with one node nothing crosses):
+Elements sent per step (one micro-batch) when k > 1; with one node nothing crosses. c = 2, 2, 2, 3
+passes over Ψ for stages 0-3, as above (hybrid: the stage's c, inside its groups):
 
-    variant           ranks that send across        per rank across      per rank inside    per node across
-    ----------------  ----------------------------  -------------------  -----------------  ---------------
-    flat, stage s     the last of each node,        c Ψ(N-1)/N           c Ψ(N-1)/N         c Ψ(N-1)/N
-    (c = 2, 2, 2, 3)  jL+L-1 (the others: inside)   (the senders)        (the others)
-    hybrid, S = L     all, in the replica ring      2(Ψ/L)(k-1)/k        c Ψ(L-1)/L         2Ψ(k-1)/k
-    (c = 2, 2, 3)     (the group ring: inside)
-    hpZ, stage 3      the last of each node, in     2Ψ(N-1)/N            Ψ(L-1)/L (bwd AG)  2Ψ(N-1)/N
-                      the rings over N              (the senders)        + 2Ψ(N-1)/N (the
-                                                                         others)
+    variant          across nodes, per rank                inside nodes, per rank         across, per node
+    ---------------  ------------------------------------  -----------------------------  ----------------
+    flat, stage s    c Ψ(N-1)/N by each node's last rank   c Ψ(N-1)/N by the others       c Ψ(N-1)/N
+    hybrid, S = L    2(Ψ/L)(k-1)/k by every rank           c Ψ(L-1)/L by every rank       2Ψ(k-1)/k
+    hybrid, S | L    2(Ψ/S)(R-1)/R by the ranks of each    c Ψ(S-1)/S by every rank,      2Ψ(R-1)/R
+                     node's last group                     + 2(Ψ/S)(R-1)/R by the others
+    hybrid, S = mL   c Ψ(S-1)/S by each node's last rank,  c Ψ(S-1)/S by the others       c Ψ(S-1)/S
+    (m = 2, 3, ...)  + 2(Ψ/S)(R-1)/R by every rank                                        + 2LΨ(R-1)/(RS)
+    hpZ, stage 3     2Ψ(N-1)/N by each node's last rank    Ψ(L-1)/L by every rank,        2Ψ(N-1)/N
+                                                           + 2Ψ(N-1)/N by the others
 
 Across nodes, stage 3 moves 3Ψ(N-1)/N per node and step, hpZ 2Ψ(N-1)/N: 3Ψ -> 2Ψ. Hybrid
-sharding with S = L sends only the all-reduce of the shards across, 2Ψ(k-1)/k per node, at any
-stage, over k ranks in a ring instead of N. For any S dividing N the functions below apply the
-same ring rule to each of the step's rings (ring_traffic_per_rank). In bytes: elements of the
-gradients times G, of the parameters times P.
+sharding with S = L sends only the all-reduce of the shards across, 2Ψ(k-1)/k per node at any
+stage, on rings of k ranks instead of N. The functions below apply the ring rule to each ring of
+the step (ring_traffic_per_rank), so they also cover an S that neither divides L nor is a multiple
+of it (its groups straddle nodes unevenly, and some nodes send more than others). In bytes:
+elements of the gradients times G, of the parameters times P.
 
 Run `python -m zerompi.memory --params 7e9` for the per-rank table, and
 `python -m zerompi.memory --params 7e9 --ranks-per-node 8` for the variants on 1 to 16 nodes.
@@ -163,7 +166,8 @@ def comm_elements_per_step(stage: int, num_params: float, num_ranks: int, micro_
 
 def _check_divides(name, size, num_ranks):
     if not (isinstance(num_ranks, int) and isinstance(size, int) and size >= 1 and num_ranks % size == 0):
-        raise ValueError(f"{name} must be an integer >= 1 that divides num_ranks = {num_ranks!r}, got {size!r}")
+        raise ValueError(f"{name} must be an integer >= 1 that divides num_ranks = {num_ranks!r}, "
+                         f"got {size!r}")
 
 
 def _check_hybrid(stage, num_params, num_ranks, shard_group):
@@ -363,7 +367,8 @@ def _build_parser():
                        help="node counts, one row each (N = k L ranks; default: "
                             + " ".join(map(str, DEFAULT_NODES)) + ")")
     nodes.add_argument("--shard-group", type=_rank_count, metavar="S",
-                       help="ranks per group of hybrid sharding, dividing every row's N (default: L, one node)")
+                       help="ranks per group of hybrid sharding, dividing every row's N "
+                            "(default: L, one node)")
     return parser
 
 
@@ -375,7 +380,8 @@ def _check_args(parser, args):
                 parser.error(f"{flag} needs --ranks-per-node")
         return
     if args.ranks is not None:
-        parser.error("--ranks and --ranks-per-node exclude each other: with --ranks-per-node the rows are --nodes")
+        parser.error("--ranks and --ranks-per-node exclude each other: "
+                     "with --ranks-per-node the rows are --nodes")
     group = args.shard_group or args.ranks_per_node
     for k in args.nodes or DEFAULT_NODES:
         if (k * args.ranks_per_node) % group:
@@ -441,7 +447,8 @@ def _print_node_tables(psi, ranks_per_node, node_counts, group, b):
     for k, n, variants in rows:
         cells = []
         for _, collectives in variants:
-            per_node = inter_node_per_node(ring_traffic_per_rank(collectives, n, ranks_per_node), ranks_per_node)
+            traffic = ring_traffic_per_rank(collectives, n, ranks_per_node)
+            per_node = inter_node_per_node(traffic, ranks_per_node)
             cells.append(max(wire_bytes(node, b) for node in per_node) / GB)
         print(f"{k:>5}{n:>6}" + "".join(f"{x:>7.1f}G" for x in cells))
 
