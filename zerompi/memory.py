@@ -439,9 +439,9 @@ def _print_node_tables(psi, ranks_per_node, node_counts, group, b):
         print(f"{k:>5}{n:>6}" + "".join(f"{state['total'] / GB:>7.1f}G" for state, _ in variants))
 
     print()
-    print("Inter-node traffic per node per step (GB the busiest node sends to the others, ring model)")
-    print(f"at G={b.grad:g} bytes per gradient and P={b.param:g} per parameter element, the paper's model; "
-          f"zerompi itself reduces 16-bit gradients in float32, 4 bytes")
+    print("Inter-node traffic per node per step (GB the busiest node sends to other nodes, ring model)")
+    print(f"gradients at G={b.grad:g} and parameters at P={b.param:g} bytes per element "
+          f"(zerompi itself reduces 16-bit gradients in float32)")
     print(" " * 11 + titles)
     print("-" * 75)
     for k, n, variants in rows:
