@@ -446,3 +446,11 @@ def test_cli_bad_values_across_nodes(argv, message, capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("zerompi: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_the_docs_show_the_table_across_nodes_as_printed(capsys):
+    assert main(["--params", "7e9", "--ranks-per-node", "8"]) == 0
+    printed = capsys.readouterr().out.split("\n", 2)[2]         # without the bytes line and the blank one
+    with open(os.path.join(REPO_ROOT, "docs", "multi-node.md")) as f:
+        page = f.read()
+    assert "$ python -m zerompi.memory --params 7e9 --ranks-per-node 8\n" + printed + "```" in page
