@@ -178,7 +178,7 @@ def _check_hybrid(stage, num_params, num_ranks, shard_group):
 
 
 def _check_nodes(num_params, num_ranks, ranks_per_node):
-    _check(3, num_params, num_ranks)
+    _check(3, num_params, num_ranks)                     # hpZ is a form of stage 3
     _check_divides("ranks_per_node", ranks_per_node, num_ranks)
 
 
