@@ -224,6 +224,15 @@ class Communicator(ControlMessages):
         twin.guards = self.guards.duplicate(twin.mpi)
         return twin
 
+    def split(self, color):
+        """A Communicator over the ranks of this one that pass the same color (MPI_Comm_split, in
+        this one's rank order), recording into this one's ledger, its guards turned on alike:
+        the shard groups and replica groups of zerompi/hierarchy/. Collective."""
+        sub = Communicator(self.mpi.Split(color, self.rank), self.device, self.cuda_aware)
+        sub.ledger = self.ledger
+        sub.guards = self.guards.duplicate(sub.mpi)
+        return sub
+
     @staticmethod
     def thread_level_error():
         """Why a communication thread cannot be used, or None (it needs MPI_THREAD_MULTIPLE)."""

@@ -6,6 +6,9 @@
     staging     = the communicator's work buffers  sized for the largest reduction (below)
     collectives = start_collectives(comm, overlap) at once, or on a communication thread
     stage       = STAGES[k](layout, collectives, ...)  parameters, gradients, Adam state
+
+With --shard-group or --hpz (zerompi/hierarchy/, a layer the mainline can skip) the stage comes
+from the hierarchy instead, and the layout is over the ranks that share the shards.
     mlp         = MLP(layout, batch_rows, ...)     activation buffers for this rank's rows
 
 Staging: the communicator reduces through float32 work buffers when it cannot reduce a buffer in
@@ -22,6 +25,7 @@ import numpy as np
 from .checkpoint.params import set_layer_params
 from .comm import Communicator
 from .layout import Layout, bucket_numel
+from .hierarchy import FLAT, hierarchy_for
 from .ledger import MemoryLedger
 from .model import MLP, init_layer_values
 from .overlap import OverlapConfig, start_collectives
@@ -45,19 +49,27 @@ class Engine:
 
 
 def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=None, micro_batches=1,
-                 overlap=OverlapConfig()):
+                 overlap=OverlapConfig(), grouping=FLAT):
     comm = comm if comm is not None else Communicator()
-    layout = Layout(sizes, comm.size)
+    hierarchy = hierarchy_for(comm, grouping)             # None: flat ZeRO over all N ranks
+    shard_comm = hierarchy.shard_comm if hierarchy else comm   # the ranks each layer is sharded over
+    layout = Layout(sizes, shard_comm.size)
     memory = MemoryLedger(comm.device)
     buckets = layout.gradient_buckets(np.dtype(precision.storage).itemsize, overlap.bucket_mb)
     largest = (max(bucket_numel(bucket) for bucket in buckets) if stage_number == 0
                else layout.max_layer_padded)                    # elements reduced in one call
     if precision.mixed or (micro_batches > 1 and stage_number >= 2) or comm.device.is_gpu:
-        comm.reserve_staging(memory, largest, precision.compute)
+        shard_comm.reserve_staging(memory, largest, precision.compute)
     step_sums = memory.alloc("work", "step_sums", (len(layout.layers) + 2,), np.float64)
     comm.reserve_host_staging(memory, max(largest * precision.compute.itemsize, step_sums.nbytes))
-    collectives = start_collectives(comm, overlap)       # after the staging: its thread shares it
     options = {"buckets": buckets} if stage_number <= 1 else {}   # stages 2-3 reduce layer by layer
-    stage = STAGES[stage_number](layout, collectives, memory, precision, adam_config, **options)
+    if hierarchy is None:
+        collectives = start_collectives(comm, overlap)   # after the staging: its thread shares it
+        stage = STAGES[stage_number](layout, collectives, memory, precision, adam_config, **options)
+    else:                                                # zerompi/hierarchy/
+        for sub in hierarchy.communicators:
+            sub.reserve_host_staging(memory, largest * precision.compute.itemsize)
+        stage = hierarchy.build_stage(stage_number, layout, memory, precision, adam_config, micro_batches,
+                                      **options)
     mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
     return Engine(layout, comm, memory, stage, mlp, step_sums)

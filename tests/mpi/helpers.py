@@ -5,6 +5,7 @@ from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
 from zerompi.checkpoint.params import full_layer_params
 from zerompi.engine import build_engine
+from zerompi.hierarchy import FLAT
 from zerompi.overlap import OverlapConfig
 from zerompi.precision import precision_for
 from zerompi.step import train_step
@@ -22,12 +23,12 @@ def make_batches(sizes, steps, seed=1, rows=GLOBAL_BATCH):
 
 
 def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro_batches=1,
-                overlap=OverlapConfig()):
+                overlap=OverlapConfig(), grouping=FLAT):
     """An engine for this rank's share of the global batch, not yet initialized."""
     comm = comm if comm is not None else Communicator()
     rows = global_batch // (comm.size * micro_batches)
     return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), AdamConfig(weight_decay=WEIGHT_DECAY),
-                        rows, comm, micro_batches, overlap)
+                        rows, comm, micro_batches, overlap, grouping)
 
 
 def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.0):
@@ -45,9 +46,9 @@ def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.
 
 
 def train_zero(stage, sizes, dtype, batches, comm=None, seed=0, micro_batches=1, loss_scale=1.0,
-               max_grad_norm=0.0, overlap=OverlapConfig()):
+               max_grad_norm=0.0, overlap=OverlapConfig(), grouping=FLAT):
     """A fresh engine initialized from seed and trained on batches; returns (engine, results)."""
-    engine = make_engine(stage, sizes, dtype, comm, batches[0][0].shape[0], micro_batches, overlap)
+    engine = make_engine(stage, sizes, dtype, comm, batches[0][0].shape[0], micro_batches, overlap, grouping)
     engine.init_params(seed)
     return engine, run_steps(engine, batches, micro_batches, loss_scale, max_grad_norm)
 

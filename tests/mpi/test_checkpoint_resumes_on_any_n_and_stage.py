@@ -5,8 +5,6 @@ the uninterrupted one: N and N' in 1..5 (sub-communicators of the launch), every
 float64, so "matches" means 1e-12 relative, as in test_zero_equals_single_process_adamw.py.
 """
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -29,16 +27,6 @@ def sub_communicator(size):
     world = MPI.COMM_WORLD
     sub = world.Split(0 if world.rank < size else MPI.UNDEFINED, world.rank)
     return Communicator(sub) if sub != MPI.COMM_NULL else None
-
-
-@pytest.fixture(scope="module")
-def shared_folder():
-    world = MPI.COMM_WORLD
-    folder = world.bcast(tempfile.mkdtemp(prefix="zerompi-reshard-") if world.rank == 0 else None)
-    yield folder
-    world.Barrier()
-    if world.rank == 0:
-        shutil.rmtree(folder)
 
 
 def destinations(n_src, stage_src):

@@ -18,7 +18,9 @@ missing folder), every rank returns at the same point, so none is left waiting i
 
 What rank r writes for each layer is its owned range under the current N (Layer.owned_range),
 whatever the stage: in stage 0, where every rank holds everything, rank r still writes only its
-range, so the files have the same shape for every stage.
+range, so the files have the same shape for every stage. With hybrid sharding (zerompi/hierarchy/)
+the layers are sharded over the G ranks of a group, and the first group writes: a checkpoint of G
+shards, as flat ZeRO on G ranks would write it (the manifest's "ranks" is G).
 
 Rotation deletes only step folders that zerompi wrote and can verify, found by following the
 manifests' `parent` from the checkpoint just written: a step folder name inside save_dir, a real
@@ -108,8 +110,9 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     max_blocks = max(-(-layout.shard_numel * dtype.itemsize // BLOCK_BYTES) for dtype in kinds.values())
     crcs = np.full((len(kinds), max_blocks), -1, dtype=np.int64)       # this rank's files, padded with -1
     offsets = np.zeros(len(kinds), dtype=np.int64)
+    writes = comm.rank < layout.num_ranks       # hybrid sharding: the first shard group (the rest are replicas)
     try:
-        for i, (kind, dtype) in enumerate(kinds.items()):
+        for i, (kind, dtype) in enumerate(kinds.items() if writes else ()):
             segments = [owned_segment(stage, kind, layer, comm.rank) for layer in layout.layers]
             path = os.path.join(partial, shard_file_name(comm.rank, kind))
             offsets[i], _, file_crcs = write_shard_file(path, dtype, segments)
@@ -159,7 +162,7 @@ def complete(save_dir, partial, name, manifest, keep_last):
 def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
     layout, stage = engine.layout, engine.stage
     files = []
-    for rank in range(engine.comm.size):
+    for rank in range(layout.num_ranks):
         for i, (kind, dtype) in enumerate(kinds.items()):
             data_bytes = layout.shard_numel * dtype.itemsize
             blocks = -(-data_bytes // BLOCK_BYTES)
@@ -169,7 +172,7 @@ def build_manifest(engine, training_state, kinds, all_crcs, all_offsets):
     manifest = {
         "format": FORMAT, "version": VERSION,
         **training_state, "adam_steps": stage.adam.t,
-        "stage": stage.stage, "ranks": engine.comm.size, "dtype": stage.precision.name,
+        "stage": stage.stage, "ranks": layout.num_ranks, "dtype": stage.precision.name,
         "sizes": layout.sizes,
         "units": [{"names": list(layout.tensor_names(u)),
                    "shapes": [[u.out_features, u.in_features], [u.out_features]],

@@ -34,9 +34,10 @@ class Guards:
             self.watchdog = CollectiveWatchdog(collective_timeout, self.rank, self.mpi.Abort)
 
     def duplicate(self, mpi):
-        """The same guards, turned on the same way, for a duplicate communicator `mpi` (its own
-        header table and its own watchdog thread: both threads may be in a collective at once)."""
-        twin = Guards(mpi, self.rank, self.size)
+        """The same guards, turned on the same way, for another communicator `mpi`: a duplicate
+        (its own header table and its own watchdog thread: both threads may be in a collective at
+        once) or a split one (zerompi/comm.py)."""
+        twin = Guards(mpi, mpi.Get_rank(), mpi.Get_size())
         twin.turn_on(self.check is not None, self.watchdog.limit if self.watchdog is not None else 0)
         return twin
 

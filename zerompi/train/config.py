@@ -112,6 +112,11 @@ class TrainConfig:
                               "least this many MB at a time (0: every layer)", ZERO, metavar="MB")
     prefetch: int = option(1, "stage 3 with --overlap: all-gather this many layers ahead (one layer buffer "
                            "each)", ZERO, metavar="LAYERS")
+    shard_group: str = option("world", "hybrid sharding: ZeRO inside groups of G consecutive ranks (node: the "
+                              "ranks of one node), replicas across the groups; stages 1-3 "
+                              "(docs/multi-node.md)", ZERO, metavar="{world,node,G}")
+    hpz: bool = option(False, "stage 3: a second copy of the parameters sharded inside each node, so that "
+                       "backward's all-gathers stay in the node (ZeRO++'s hpZ, docs/multi-node.md)", ZERO)
     check_collectives: bool = option(False, "before each collective, check that every rank calls the same "
                                      "one (kind, size, dtype, call site); stop naming both sides if not",
                                      ZERO)

@@ -50,6 +50,7 @@ from ..comm import Communicator
 from ..devices.choice import check_device, select_device
 from ..devices.nccl import NcclCommunicator
 from ..engine import build_engine
+from .grouping import grouping_error, resolve_grouping
 from ..exit_codes import ExitCode
 from ..ledger import GRADS, METRICS, PARAMS
 from ..observe.trace import Tracer, create_trace_file
@@ -119,8 +120,10 @@ def setup(cfg, comm, out):
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
     overlap = OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
     comm.check_all(comm.thread_level_error() if overlap.enabled else None)
+    grouping, error = resolve_grouping(cfg, comm)            # collective: where the ranks are
+    comm.check_all(error)
     comm.check_all(None if comm.device.is_gpu else model_memory_error(sizes, cfg, comm.size, ranks_on_node))
-    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, M, overlap)
+    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, M, overlap, grouping)
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
     comm.check_all(tensorboard_missing() if cfg.tensorboard and comm.rank == 0 else None)
@@ -334,6 +337,7 @@ def main(argv=None):
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
         comm.check_all(check_config(cfg, comm.size))
+        comm.check_all(grouping_error(cfg, comm.size))
         comm.check_all(loss_scale_error(precision_for(cfg.dtype).storage == np.float16, cfg.loss_scale,
                                         cfg.min_loss_scale))
         ranks_on_node = comm.ranks_on_this_node()            # collective: every rank, before any verdict

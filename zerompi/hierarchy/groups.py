@@ -1,0 +1,77 @@
+"""The communicators of the hierarchical variants, and how the ranks are grouped into them.
+
+N ranks in groups of G consecutive ranks (G divides N), R = N / G of them:
+
+    world rank       0  1  2  3 | 4  5  6  7        N = 8, G = 4: two nodes of four ranks
+    shard group      0  0  0  0 | 1  1  1  1        color rank // G: the ranks that share shards
+    rank in group    0  1  2  3 | 0  1  2  3        = which shard the rank owns
+    replica group    0  1  2  3 | 0  1  2  3        color rank % G: the ranks that own the same shard
+
+Launchers place ranks on nodes in blocks (rank r on node r // L with L ranks per node: mpiexec
+-ppn L, srun's default block distribution), so a shard group of G = L ranks is a node, and a
+replica group holds one rank of each node. `node_size` checks that placement and returns L.
+
+Each subset is a Communicator of its own (Communicator.split) that records into the world's
+ledger, so the report counts every byte, inside the node and between nodes.
+"""
+from mpi4py import MPI
+
+from ..collectives import Collectives
+from .hpz import HpzStage3
+from .hybrid import HYBRID_STAGES, HybridCollectives
+
+
+def node_size(comm):
+    """(L, error): the ranks on this rank's node, and a one-line error unless every node holds L
+    consecutive ranks (block placement). Collective; pass the error to comm.check_all."""
+    node = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED)
+    ranks = sorted(node.allgather(comm.rank))
+    node.Free()
+    size = len(ranks)
+    first = comm.rank // size * size
+    if ranks != list(range(first, first + size)):
+        return size, (f"ranks {ranks} share a node: hierarchical ZeRO needs the same number of ranks on "
+                      f"every node, placed in blocks (mpiexec -ppn L, srun's default --distribution=block)")
+    return size, None
+
+
+def shard_group_error(group_size, num_ranks):
+    """One line unless the shard group size G divides N (None when it does)."""
+    if group_size < 1 or num_ranks % group_size:
+        return (f"--shard-group {group_size} does not divide the {num_ranks} ranks: use a divisor of {num_ranks} "
+                f"(or `node`, or `world`)")
+    return None
+
+
+class HybridSharding:
+    """ZeRO inside groups of G consecutive ranks, data parallel across the R = N / G groups."""
+
+    def __init__(self, comm, group_size):
+        self.shard_comm = comm.split(comm.rank // group_size)      # G ranks: the stage's shards span it
+        self.replica_comm = comm.split(comm.rank % group_size)     # R ranks: one of each group
+        self.communicators = (self.shard_comm, self.replica_comm)
+
+    def build_stage(self, stage_number, layout, memory, precision, adam_config, micro_batches, **options):
+        partial = None                    # an accumulating reduce-scatter's sum over the group
+        if micro_batches > 1 and stage_number >= 2:
+            partial = memory.alloc("work", "hybrid.partial", (layout.max_layer_padded // layout.num_ranks,),
+                                   precision.storage)
+        if precision.mixed:               # 16-bit all-reduces across replicas are summed in float32
+            self.replica_comm.reserve_staging(memory, layout.max_layer_padded // layout.num_ranks,
+                                              precision.compute)
+        collectives = HybridCollectives(self.shard_comm, self.replica_comm, partial)
+        return HYBRID_STAGES[stage_number](layout, collectives, memory, precision, adam_config, **options)
+
+
+class Hpz:
+    """Stage 3 over all N ranks, plus a secondary partition of the parameters over the L ranks of
+    each node (consecutive ranks, as `node_size` checks)."""
+
+    def __init__(self, comm, ranks_per_node):
+        self.shard_comm = comm
+        self.node_comm = comm.split(comm.rank // ranks_per_node)
+        self.communicators = (self.node_comm,)
+
+    def build_stage(self, stage_number, layout, memory, precision, adam_config, micro_batches, **options):
+        return HpzStage3(layout, Collectives(self.shard_comm), memory, precision, adam_config,
+                         Collectives(self.node_comm))

@@ -1,0 +1,77 @@
+"""Hybrid sharding (PyTorch FSDP2's HSDP, DeepSpeed's MiCS): ZeRO inside groups of G ranks, plain
+data parallelism across the R = N / G groups.
+
+    N = 8, G = 4 (two nodes of four ranks)                  per rank: the stage's state / G
+
+        node 0   ranks 0 1 2 3   shard group 0     each rank owns a quarter of every layer
+        node 1   ranks 4 5 6 7   shard group 1     the same quarters again: a replica
+                       |         replica groups {0,4} {1,5} {2,6} {3,7}: the same quarter
+
+    gradients    reduce-scatter inside the group:     g_group[owned] = sum over the group's G ranks
+                 all-reduce that shard across the      g[owned] = sum over the R replicas
+                 replica group:                                 = sum over all N ranks
+    parameters   all-gathered inside the group only (stages 1-2 after the step, stage 3 before
+                 each layer's forward and backward): every replica updates its shard alike
+
+Per step and rank, in elements (ring model, zerompi/ledger.py), Psi = the layout's Psi_pad:
+    inside the group      reduce-scatter Psi (G-1)/G, all-gathers Psi (G-1)/G (stage 3: twice)
+    across the replicas   all-reduce of the owned shard: 2 (Psi/G) (R-1)/R
+With G = the ranks of a node, only the replica all-reduce leaves the node: 2 Psi (R-1)/R per node
+and step, spread over G rings, against 3 Psi (N-1)/N for flat stage 3, whose one ring crosses
+every node boundary.
+
+The stages of zerompi/stages/ run unchanged: their `collectives` here has the group's rank and
+size (so the layout is Layout(sizes, G)), and its reduce-scatters add the all-reduce across the
+replicas. One thing differs: the global gradient norm sums each rank's owned squares over all
+ranks, and each shard now lives on R ranks, so only the first replica counts it (CountOnce).
+"""
+from ..collectives import DONE, Collectives
+from ..stages import Stage1, Stage2, Stage3
+
+
+class HybridCollectives(Collectives):
+    """The group's collectives, whose gradient reductions also sum across the replicas."""
+
+    def __init__(self, group, replicas, partial):
+        super().__init__(group)                  # rank, size: the group's
+        self.replicas = replicas                 # the Communicator of the ranks owning the same shard
+        self.first_replica = replicas.rank == 0
+        self.partial = partial                   # (largest shard,) for accumulating reduce-scatters
+
+    def reduce_scatter(self, full, shard, purpose, accumulate=False):
+        """shard (n/G,) <- (or +=) the sum over all N ranks of this rank's block of full (n,)."""
+        summed = self.partial[:shard.size] if accumulate else shard
+        super().reduce_scatter(full, summed, purpose)               # sum over the group
+        self._start(self.replicas.allreduce_sum, summed, purpose)   # sum over the replicas
+        if accumulate:
+            shard += summed                                          # add this micro-batch
+        return DONE
+
+    def reduce_scatter_in_place(self, full, purpose):
+        """full[:n/G] <- the sum over all N ranks of this rank's block of full (n,)."""
+        super().reduce_scatter_in_place(full, purpose)
+        return self._start(self.replicas.allreduce_sum, full[:full.size // self.size], purpose)
+
+
+class CountOnce:
+    """The owned gradients for the global norm, from the first replica only (the others hold
+    the same shards: counting them too would multiply the squared norm by R)."""
+
+    def grad_partition(self):
+        owned = super().grad_partition()
+        return owned if self.collectives.first_replica else [grad[:0] for grad in owned]
+
+
+class HybridStage1(CountOnce, Stage1):
+    """Stage 1 inside a shard group."""
+
+
+class HybridStage2(CountOnce, Stage2):
+    """Stage 2 inside a shard group."""
+
+
+class HybridStage3(CountOnce, Stage3):
+    """Stage 3 inside a shard group."""
+
+
+HYBRID_STAGES = {1: HybridStage1, 2: HybridStage2, 3: HybridStage3}

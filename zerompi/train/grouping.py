@@ -1,0 +1,49 @@
+"""--shard-group and --hpz: from the flags to the Grouping the engine builds (zerompi/hierarchy/).
+
+    --shard-group world      flat ZeRO: every layer sharded over all N ranks (the default)
+    --shard-group node       hybrid sharding with G = the ranks of a node
+    --shard-group G          hybrid sharding with groups of G consecutive ranks (G divides N)
+    --hpz                    stage 3 with a secondary partition over the ranks of each node
+
+`grouping_error` checks what the flags alone decide (on every rank alike, before MPI work);
+`resolve_grouping` asks MPI where the ranks are (collective) and returns the Grouping, or the
+first problem as one line.
+"""
+from ..hierarchy import FLAT, Grouping
+from ..hierarchy.groups import node_size, shard_group_error
+
+WORLD, NODE = "world", "node"
+
+
+def grouping_error(cfg, num_ranks):
+    """The first problem with --shard-group / --hpz for N = num_ranks, one line, or None."""
+    spec = cfg.shard_group
+    if spec not in (WORLD, NODE) and not spec.isdigit():
+        return f"--shard-group must be world, node or a number of ranks, got {spec!r}"
+    hybrid = spec != WORLD
+    if hybrid and cfg.stage == 0:
+        return "--shard-group shards ZeRO's state: it needs --stage 1, 2 or 3"
+    if cfg.hpz and cfg.stage != 3:
+        return "--hpz partitions stage 3's parameters a second time: it needs --stage 3"
+    if cfg.hpz and hybrid:
+        return "--hpz and --shard-group are two ways to keep traffic in the node: choose one"
+    if (hybrid or cfg.hpz) and cfg.overlap:
+        return f"{'--hpz' if cfg.hpz else '--shard-group'} runs without --overlap: leave --overlap off"
+    if (hybrid or cfg.hpz) and cfg.comm == "nccl":
+        return f"{'--hpz' if cfg.hpz else '--shard-group'} runs its collectives through MPI: use --comm mpi"
+    if spec.isdigit():
+        return shard_group_error(int(spec), num_ranks)
+    return None
+
+
+def resolve_grouping(cfg, comm):
+    """(Grouping, error): collective where the node matters (`node`, --hpz: every rank learns
+    its node's ranks)."""
+    if cfg.shard_group.isdigit():
+        return Grouping(shard_group=int(cfg.shard_group)), None
+    if cfg.shard_group == WORLD and not cfg.hpz:
+        return FLAT, None
+    ranks_per_node, error = node_size(comm)
+    if cfg.hpz:
+        return Grouping(hpz_node_size=ranks_per_node), error
+    return Grouping(shard_group=ranks_per_node), error
