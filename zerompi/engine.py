@@ -25,7 +25,7 @@ import numpy as np
 from .checkpoint.params import set_layer_params
 from .comm import Communicator
 from .layout import Layout, bucket_numel
-from .hierarchy import FLAT, hierarchy_for
+from .hierarchy import FLAT, Grouping, hierarchy_for
 from .ledger import MemoryLedger
 from .model import MLP, init_layer_values
 from .overlap import OverlapConfig, start_collectives
@@ -41,6 +41,7 @@ class Engine:
     stage: ZeroStage        # a Stage0 .. Stage3
     mlp: MLP
     step_sums: object       # (layers + 2,) float64: each layer's gradient sum of squares, loss, correct
+    grouping: Grouping = FLAT   # flat ZeRO, or hybrid sharding / hpZ (zerompi/hierarchy/)
 
     def init_params(self, seed):
         """Every rank draws the same initial values, one layer at a time, and keeps what its stage keeps."""
@@ -72,4 +73,4 @@ def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=N
         stage = hierarchy.build_stage(stage_number, layout, memory, precision, adam_config, micro_batches,
                                       **options)
     mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
-    return Engine(layout, comm, memory, stage, mlp, step_sums)
+    return Engine(layout, comm, memory, stage, mlp, step_sums, grouping)

@@ -1,7 +1,7 @@
 """Checkpoints written under hybrid sharding or hpZ load under any N, stage and grouping, and flat
 checkpoints load into them: the continued run matches the uninterrupted single-process AdamW run
 (float64, 1e-12 relative). Hybrid sharding writes the shards of its first group (the manifest's
-"ranks" is G); hpZ writes stage 3's shards over all N (its secondary copy is rebuilt by the
+"ranks" is S); hpZ writes stage 3's shards over all N (its secondary copy is rebuilt by the
 next forward).
 """
 import os
@@ -25,12 +25,12 @@ RUNS = [(4, 1, HYBRID), (4, 2, HYBRID), (4, 3, HYBRID), (4, 3, HPZ), (2, 3, Grou
 
 
 @pytest.mark.mpi(min_size=4)
-@pytest.mark.parametrize("source", RUNS, ids=lambda r: f"n{r[0]}-stage{r[1]}-G{r[2].shard_group}-L{r[2].hpz_node_size}")
+@pytest.mark.parametrize("source", RUNS, ids=lambda r: f"n{r[0]}-stage{r[1]}-S{r[2].shard_group}-L{r[2].hpz_node_size}")
 def test_resume_across_groupings_matches_the_uninterrupted_run(source, shared_folder):
     batches = make_batches(SIZES, STEPS_BEFORE + STEPS_AFTER, rows=BATCH)
     want, _, _ = adamw_train(initial_weights(SIZES, 0), batches, LR, WEIGHT_DECAY)
     n_src, stage_src, grouping_src = source
-    save_dir = os.path.join(shared_folder, f"n{n_src}-stage{stage_src}-G{grouping_src.shard_group}"
+    save_dir = os.path.join(shared_folder, f"n{n_src}-stage{stage_src}-S{grouping_src.shard_group}"
                                            f"-L{grouping_src.hpz_node_size}")
     comm = sub_communicator(n_src)
     if comm is not None:

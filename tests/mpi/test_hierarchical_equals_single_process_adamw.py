@@ -1,4 +1,4 @@
-"""Hybrid sharding (--shard-group G) and hpZ (--hpz) compute what single-process AdamW computes,
+"""Hybrid sharding (--shard-group S) and hpZ (--hpz) compute what single-process AdamW computes,
 for every group size that divides N (run under mpirun with N = 1, 2, 3, 4, 8), uneven sizes
 included, with gradient accumulation and clipping by the global norm; the same tolerances as
 test_zero_equals_single_process_adamw.py. On one machine the "nodes" of hpZ are groups of L
@@ -16,7 +16,7 @@ from zerompi.hierarchy import Grouping
 
 N = MPI.COMM_WORLD.Get_size()
 DIVISORS = [g for g in range(1, N + 1) if N % g == 0]
-# every hybrid grouping (G < N: G = N is flat ZeRO) and every hpZ node size, at this N
+# every hybrid grouping (S < N: S = N is flat ZeRO) and every hpZ node size, at this N
 GROUPINGS = ([(stage, Grouping(shard_group=g)) for g in DIVISORS[:-1] for stage in (1, 2, 3)] +
              [(3, Grouping(hpz_node_size=g)) for g in DIVISORS])
 
@@ -24,7 +24,7 @@ GROUPINGS = ([(stage, Grouping(shard_group=g)) for g in DIVISORS[:-1] for stage 
 def case_id(value):
     if not isinstance(value, Grouping):
         return f"stage{value}"
-    return f"G{value.shard_group}" if value.shard_group else f"hpz-L{value.hpz_node_size}"
+    return f"S{value.shard_group}" if value.shard_group else f"hpz-L{value.hpz_node_size}"
 
 
 @pytest.mark.mpi
@@ -65,7 +65,7 @@ def test_bf16_within_mixed_tolerance(stage, grouping):
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage,grouping", GROUPINGS, ids=case_id)
 def test_model_state_divided_by_the_group(stage, grouping):
-    """Per rank, the stage's model state over G ranks (hybrid), or stage 3's plus one parameter
+    """Per rank, the stage's model state over S ranks (hybrid), or stage 3's plus one parameter
     copy over L ranks (hpZ), from the ledger of what was allocated."""
     sizes = SIZES[2]
     engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, 1), grouping=grouping)

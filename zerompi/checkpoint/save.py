@@ -19,8 +19,8 @@ missing folder), every rank returns at the same point, so none is left waiting i
 What rank r writes for each layer is its owned range under the current N (Layer.owned_range),
 whatever the stage: in stage 0, where every rank holds everything, rank r still writes only its
 range, so the files have the same shape for every stage. With hybrid sharding (zerompi/hierarchy/)
-the layers are sharded over the G ranks of a group, and the first group writes: a checkpoint of G
-shards, as flat ZeRO on G ranks would write it (the manifest's "ranks" is G).
+the layers are sharded over the S ranks of a group, and the first group writes: a checkpoint of S
+shards, as flat ZeRO on S ranks would write it (the manifest's "ranks" is S).
 
 Rotation deletes only step folders that zerompi wrote and can verify, found by following the
 manifests' `parent` from the checkpoint just written: a step folder name inside save_dir, a real

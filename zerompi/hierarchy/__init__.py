@@ -3,9 +3,9 @@
 On a cluster, the links inside a node (shared memory, NVLink) are much faster than the network
 between nodes. Both variants here keep some of ZeRO's traffic inside the node, at some memory cost:
 
-    hybrid sharding   --shard-group G      ZeRO stage 1-3 inside each group of G consecutive
-    (FSDP2's HSDP,                         ranks (a node, with G = ranks per node), plain data
-     DeepSpeed's MiCS)                     parallelism across the N/G groups: memory / G, not / N
+    hybrid sharding   --shard-group S      ZeRO stage 1-3 inside each group of S consecutive
+    (FSDP2's HSDP,                         ranks (a node, with S = ranks per node), plain data
+     DeepSpeed's MiCS)                     parallelism across the N/S groups: memory / S, not / N
                                            (zerompi/hierarchy/hybrid.py)
     hpZ (ZeRO++)      --hpz                stage 3 with a second copy of the parameters sharded
                                            inside the node: backward's all-gathers never leave it
@@ -17,13 +17,41 @@ communicators over subsets of the ranks (groups.py, Communicator.split) and hand
 """
 from dataclasses import dataclass
 
+from ..memory import (flat_collectives, hpz_collectives, hpz_model_state_bytes, hybrid_collectives,
+                      hybrid_model_state_bytes, model_state_bytes)
 from .groups import HybridSharding, Hpz
 
 
 @dataclass(frozen=True)
 class Grouping:
-    shard_group: int = 0     # G: ranks that share the shards (0: all N, flat ZeRO)
+    shard_group: int = 0     # S: ranks that share the shards (0: all N, flat ZeRO)
     hpz_node_size: int = 0   # L: ranks per node for hpZ's secondary partition (0: no hpZ)
+
+    def hybrid(self, num_ranks):
+        return 0 < self.shard_group < num_ranks
+
+    def describe(self, stage, num_ranks):
+        """'ZeRO stage 3 on 8 ranks', '... in groups of 4 (2 replicas)', '... with hpZ (4 per node)'."""
+        text = f"ZeRO stage {stage} on {num_ranks} ranks"
+        if self.hybrid(num_ranks):
+            return f"{text} in groups of {self.shard_group} ({num_ranks // self.shard_group} replicas)"
+        return f"{text} with hpZ ({self.hpz_node_size} per node)" if self.hpz_node_size else text
+
+    def model_state_bytes(self, stage, num_params, num_ranks, bytes_per_param):
+        """zerompi/memory.py's model state per rank for this grouping."""
+        if self.hybrid(num_ranks):
+            return hybrid_model_state_bytes(stage, num_params, num_ranks, self.shard_group, bytes_per_param)
+        if self.hpz_node_size:
+            return hpz_model_state_bytes(num_params, num_ranks, self.hpz_node_size, bytes_per_param)
+        return model_state_bytes(stage, num_params, num_ranks, bytes_per_param)
+
+    def ring_collectives(self, stage, num_params, num_ranks):
+        """zerompi/memory.py's ring collectives of one step for this grouping."""
+        if self.hybrid(num_ranks):
+            return hybrid_collectives(stage, num_params, num_ranks, self.shard_group)
+        if self.hpz_node_size:
+            return hpz_collectives(num_params, num_ranks, self.hpz_node_size)
+        return flat_collectives(stage, num_params, num_ranks)
 
 
 FLAT = Grouping()
@@ -31,7 +59,7 @@ FLAT = Grouping()
 
 def hierarchy_for(comm, grouping):
     """The hierarchical variant for grouping (collective: it splits comm), or None when flat."""
-    if grouping.shard_group and grouping.shard_group != comm.size:
+    if grouping.hybrid(comm.size):
         return HybridSharding(comm, grouping.shard_group)
     if grouping.hpz_node_size:
         return Hpz(comm, grouping.hpz_node_size)

@@ -1,14 +1,14 @@
 """The communicators of the hierarchical variants, and how the ranks are grouped into them.
 
-N ranks in groups of G consecutive ranks (G divides N), R = N / G of them:
+N ranks in groups of S consecutive ranks (S divides N), R = N / S of them:
 
-    world rank       0  1  2  3 | 4  5  6  7        N = 8, G = 4: two nodes of four ranks
-    shard group      0  0  0  0 | 1  1  1  1        color rank // G: the ranks that share shards
+    world rank       0  1  2  3 | 4  5  6  7        N = 8, S = 4: two nodes of four ranks
+    shard group      0  0  0  0 | 1  1  1  1        color rank // S: the ranks that share shards
     rank in group    0  1  2  3 | 0  1  2  3        = which shard the rank owns
-    replica group    0  1  2  3 | 0  1  2  3        color rank % G: the ranks that own the same shard
+    replica group    0  1  2  3 | 0  1  2  3        color rank % S: the ranks that own the same shard
 
 Launchers place ranks on nodes in blocks (rank r on node r // L with L ranks per node: mpiexec
--ppn L, srun's default block distribution), so a shard group of G = L ranks is a node, and a
+-ppn L, srun's default block distribution), so a shard group of S = L ranks is a node, and a
 replica group holds one rank of each node. `node_size` checks that placement and returns L.
 
 Each subset is a Communicator of its own (Communicator.split) that records into the world's
@@ -36,7 +36,7 @@ def node_size(comm):
 
 
 def shard_group_error(group_size, num_ranks):
-    """One line unless the shard group size G divides N (None when it does)."""
+    """One line unless the shard group size S divides N (None when it does)."""
     if group_size < 1 or num_ranks % group_size:
         return (f"--shard-group {group_size} does not divide the {num_ranks} ranks: use a divisor of {num_ranks} "
                 f"(or `node`, or `world`)")
@@ -44,10 +44,10 @@ def shard_group_error(group_size, num_ranks):
 
 
 class HybridSharding:
-    """ZeRO inside groups of G consecutive ranks, data parallel across the R = N / G groups."""
+    """ZeRO inside groups of S consecutive ranks, data parallel across the R = N / S groups."""
 
     def __init__(self, comm, group_size):
-        self.shard_comm = comm.split(comm.rank // group_size)      # G ranks: the stage's shards span it
+        self.shard_comm = comm.split(comm.rank // group_size)      # S ranks: the stage's shards span it
         self.replica_comm = comm.split(comm.rank % group_size)     # R ranks: one of each group
         self.communicators = (self.shard_comm, self.replica_comm)
 

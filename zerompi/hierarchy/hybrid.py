@@ -1,27 +1,27 @@
-"""Hybrid sharding (PyTorch FSDP2's HSDP, DeepSpeed's MiCS): ZeRO inside groups of G ranks, plain
-data parallelism across the R = N / G groups.
+"""Hybrid sharding (PyTorch FSDP2's HSDP, DeepSpeed's MiCS): ZeRO inside groups of S ranks, plain
+data parallelism across the R = N / S groups.
 
-    N = 8, G = 4 (two nodes of four ranks)                  per rank: the stage's state / G
+    N = 8, S = 4 (two nodes of four ranks)                  per rank: the stage's state / S
 
         node 0   ranks 0 1 2 3   shard group 0     each rank owns a quarter of every layer
         node 1   ranks 4 5 6 7   shard group 1     the same quarters again: a replica
                        |         replica groups {0,4} {1,5} {2,6} {3,7}: the same quarter
 
-    gradients    reduce-scatter inside the group:     g_group[owned] = sum over the group's G ranks
+    gradients    reduce-scatter inside the group:     g_group[owned] = sum over the group's S ranks
                  all-reduce that shard across the      g[owned] = sum over the R replicas
                  replica group:                                 = sum over all N ranks
     parameters   all-gathered inside the group only (stages 1-2 after the step, stage 3 before
                  each layer's forward and backward): every replica updates its shard alike
 
 Per step and rank, in elements (ring model, zerompi/ledger.py), Psi = the layout's Psi_pad:
-    inside the group      reduce-scatter Psi (G-1)/G, all-gathers Psi (G-1)/G (stage 3: twice)
-    across the replicas   all-reduce of the owned shard: 2 (Psi/G) (R-1)/R
-With G = the ranks of a node, only the replica all-reduce leaves the node: 2 Psi (R-1)/R per node
-and step, spread over G rings, against 3 Psi (N-1)/N for flat stage 3, whose one ring crosses
+    inside the group      reduce-scatter Psi (S-1)/S, all-gathers Psi (S-1)/S (stage 3: twice)
+    across the replicas   all-reduce of the owned shard: 2 (Psi/S) (R-1)/R
+With S = the ranks of a node, only the replica all-reduce leaves the node: 2 Psi (R-1)/R per node
+and step, spread over S rings, against 3 Psi (N-1)/N for flat stage 3, whose one ring crosses
 every node boundary.
 
 The stages of zerompi/stages/ run unchanged: their `collectives` here has the group's rank and
-size (so the layout is Layout(sizes, G)), and its reduce-scatters add the all-reduce across the
+size (so the layout is Layout(sizes, S)), and its reduce-scatters add the all-reduce across the
 replicas. One thing differs: the global gradient norm sums each rank's owned squares over all
 ranks, and each shard now lives on R ranks, so only the first replica counts it (CountOnce).
 """
@@ -39,7 +39,7 @@ class HybridCollectives(Collectives):
         self.partial = partial                   # (largest shard,) for accumulating reduce-scatters
 
     def reduce_scatter(self, full, shard, purpose, accumulate=False):
-        """shard (n/G,) <- (or +=) the sum over all N ranks of this rank's block of full (n,)."""
+        """shard (n/S,) <- (or +=) the sum over all N ranks of this rank's block of full (n,)."""
         summed = self.partial[:shard.size] if accumulate else shard
         super().reduce_scatter(full, summed, purpose)               # sum over the group
         self._start(self.replicas.allreduce_sum, summed, purpose)   # sum over the replicas
@@ -48,7 +48,7 @@ class HybridCollectives(Collectives):
         return DONE
 
     def reduce_scatter_in_place(self, full, purpose):
-        """full[:n/G] <- the sum over all N ranks of this rank's block of full (n,)."""
+        """full[:n/S] <- the sum over all N ranks of this rank's block of full (n,)."""
         super().reduce_scatter_in_place(full, purpose)
         return self._start(self.replicas.allreduce_sum, full[:full.size // self.size], purpose)
 

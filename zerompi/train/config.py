@@ -29,7 +29,6 @@ from ..checkpoint.files import replaces_checkpoint_file
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import EXIT_MEANINGS, ExitCode
 from ..inputs import check_fits
-from ..memory import model_state_bytes
 from ..precision import DTYPE_NAMES, precision_for
 from .data import BUILTIN_DATA
 from .schedule import SCHEDULES
@@ -112,9 +111,9 @@ class TrainConfig:
                               "least this many MB at a time (0: every layer)", ZERO, metavar="MB")
     prefetch: int = option(1, "stage 3 with --overlap: all-gather this many layers ahead (one layer buffer "
                            "each)", ZERO, metavar="LAYERS")
-    shard_group: str = option("world", "hybrid sharding: ZeRO inside groups of G consecutive ranks (node: the "
+    shard_group: str = option("world", "hybrid sharding: ZeRO inside groups of S consecutive ranks (node: the "
                               "ranks of one node), replicas across the groups; stages 1-3 "
-                              "(docs/multi-node.md)", ZERO, metavar="{world,node,G}")
+                              "(docs/multi-node.md)", ZERO, metavar="{world,node,S}")
     hpz: bool = option(False, "stage 3: a second copy of the parameters sharded inside each node, so that "
                        "backward's all-gathers stay in the node (ZeRO++'s hpZ, docs/multi-node.md)", ZERO)
     check_collectives: bool = option(False, "before each collective, check that every rank calls the same "
@@ -523,13 +522,14 @@ def _flag_name(field_name):
     return "--" + field_name.replace("_", "-")
 
 
-def model_memory_error(sizes, cfg, num_ranks, ranks_on_node):
+def model_memory_error(sizes, cfg, num_ranks, ranks_on_node, grouping):
     """One line if the MLP's parameters, gradients and Adam state per rank (zerompi/memory.py's
-    formulas for cfg.stage and cfg.dtype; activations and buffers come on top) need more memory
-    than this process may still allocate, ranks_on_node sharing the node's; else None."""
+    formulas for cfg.stage, cfg.dtype and the grouping; activations and buffers come on top) need
+    more memory than this process may still allocate, ranks_on_node sharing the node's; else None."""
     num_params = sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))
-    per_rank = model_state_bytes(cfg.stage, num_params, num_ranks, precision_for(cfg.dtype).bytes_per_param())
-    model = f"{'-'.join(map(str, sizes))} ({num_params:,} parameters, stage {cfg.stage}, {cfg.dtype}, {num_ranks} ranks)"
+    per_rank = grouping.model_state_bytes(cfg.stage, num_params, num_ranks, precision_for(cfg.dtype).bytes_per_param())
+    model = (f"{'-'.join(map(str, sizes))} ({num_params:,} parameters, "
+             f"{grouping.describe(cfg.stage, num_ranks).replace('ZeRO stage', 'stage')}, {cfg.dtype})")
     try:
         check_fits(per_rank["total"], f"the parameters, gradients and Adam state per rank of the MLP {model}",
                    ArgumentError, ranks_on_node)

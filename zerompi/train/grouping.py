@@ -1,8 +1,8 @@
 """--shard-group and --hpz: from the flags to the Grouping the engine builds (zerompi/hierarchy/).
 
     --shard-group world      flat ZeRO: every layer sharded over all N ranks (the default)
-    --shard-group node       hybrid sharding with G = the ranks of a node
-    --shard-group G          hybrid sharding with groups of G consecutive ranks (G divides N)
+    --shard-group node       hybrid sharding with S = the ranks of a node
+    --shard-group S          hybrid sharding with groups of S consecutive ranks (S divides N)
     --hpz                    stage 3 with a secondary partition over the ranks of each node
 
 `grouping_error` checks what the flags alone decide (on every rank alike, before MPI work);

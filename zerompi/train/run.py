@@ -122,7 +122,8 @@ def setup(cfg, comm, out):
     comm.check_all(comm.thread_level_error() if overlap.enabled else None)
     grouping, error = resolve_grouping(cfg, comm)            # collective: where the ranks are
     comm.check_all(error)
-    comm.check_all(None if comm.device.is_gpu else model_memory_error(sizes, cfg, comm.size, ranks_on_node))
+    comm.check_all(None if comm.device.is_gpu else model_memory_error(sizes, cfg, comm.size, ranks_on_node,
+                                                                      grouping))
     engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, M, overlap, grouping)
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
@@ -168,7 +169,7 @@ def print_header(state, sizes, note):
     layers, wraps, indented)."""
     cfg, comm, data, engine = state.cfg, state.comm, state.data, state.engine
     held_out = "" if data.x_test is None else f", {data.x_test.shape[0]} held out"
-    lines = [f"zerompi: ZeRO stage {cfg.stage} on {comm.size} ranks, {cfg.dtype}, {cfg.steps} steps",
+    lines = [f"zerompi: {engine.grouping.describe(cfg.stage, comm.size)}, {cfg.dtype}, {cfg.steps} steps",
              f"model: MLP {'-'.join(map(str, sizes))} ({engine.layout.num_params:,} parameters)",
              f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
              f"global batch {cfg.batch_size} = {comm.size} ranks x {cfg.grad_accum} micro-batch"
