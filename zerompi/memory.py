@@ -34,6 +34,10 @@ partition-aware version, and ours, use reduce-scatter + all-gather (2Ψ):
 reduce-scatter already gives each rank exactly the averaged gradient shard
 it updates, so the rest of a full all-reduce would be wasted work.
 
+Across nodes, a flat ring over the ranks in rank order sends each rank's whole volume to rank
+r+1 mod N: inter-node when that rank is on another node (flat_ring_node_split). With the ranks in
+blocks on k > 1 nodes, k ranks send across, one rank's volume out of each node per collective.
+
 Activations, temporary buffers and fragmentation are not modelled.
 
 Run `python -m zerompi.memory --params 7e9` for the per-rank table.
