@@ -51,13 +51,15 @@ def test_tensorboard_holds_the_metrics_values(tmp_path):
             assert per_rank == set()
             continue
         assert per_rank == {f"{kind}/rank_{r}" for r in range(3) for kind in
-                            ("memory/ledger_bytes", "memory/peak_rss_bytes", "comm/bytes", "comm/seconds")}
+                            ("memory/ledger_bytes", "memory/peak_rss_bytes", "comm/bytes", "comm/inter_node_bytes",
+                             "comm/seconds")}
         for r in range(3):
             assert scalars[f"memory/ledger_bytes/rank_{r}"] == pytest.approx(line["memory"]["ledger_bytes"][r], **float32)
             assert scalars[f"memory/peak_rss_bytes/rank_{r}"] == pytest.approx(line["memory"]["peak_rss_bytes"][r],
                                                                                 **float32)
             assert scalars[f"comm/bytes/rank_{r}"] == pytest.approx(line["comm_per_rank"]["bytes"][r], **float32)
             assert scalars[f"comm/seconds/rank_{r}"] == pytest.approx(line["comm_per_rank"]["seconds"][r], **float32)
+            assert scalars[f"comm/inter_node_bytes/rank_{r}"] == line["comm_per_rank"]["inter_node_bytes"][r] == 0
         assert line["comm_per_rank"]["bytes"][0] == sum(c["bytes"] for c in line["comm"].values())
         assert scalars["run/restarts"] == 0
     assert [line["step"] for line in metrics if "memory" in line] == [1, 3, 6, 7]

@@ -30,6 +30,8 @@ the CommLedger (zerompi/ledger.py). Around that, in their own files:
                 default (zerompi/observe/guards.py)
     control     errors every rank agrees on, print0, bookkeeping gathers: not training traffic,
                 not ledgered (zerompi/control.py, mixed into the Communicator)
+    nodes       which node each rank runs on, learned when the Communicator is built, so that
+                the ledger splits each call's bytes into intra- and inter-node (zerompi/nodes.py)
     listeners   whoever wants to see each collective (--trace) listens to the ledger
 
 Mixed precision, a layer a reader of ZeRO can skip (the last section of the class): MPI has no
@@ -55,6 +57,7 @@ from .devices.cpu import CPU                        # noqa: E402
 from .devices.mpi_cuda import cuda_aware            # noqa: E402
 from .devices.staging import DeviceTransport        # noqa: E402
 from .ledger import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommLedger   # noqa: E402
+from .nodes import node_of_rank, sends_across_nodes  # noqa: E402
 from .observe.guards import Guards                  # noqa: E402
 from .precision import is_16bit                     # noqa: E402
 
@@ -118,6 +121,8 @@ class Communicator(ControlMessages):
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
+        self.node_of_rank = node_of_rank(self.mpi)       # collective: the node of each rank
+        self.across_nodes = sends_across_nodes(self.node_of_rank, self.rank)   # for the ledger
         self.ledger = CommLedger()
         self.device = device if device is not None else CPU()
         self.staging = ReductionStaging()                 # see reserve_staging
@@ -182,7 +187,7 @@ class Communicator(ControlMessages):
     def _end(self, op, purpose, buffer, start):
         """After a collective: the guards, then the ledger records it (buffer: what MPI was handed)."""
         self.guards.end()
-        self.ledger.record(op, purpose, buffer, self.size, start, time.perf_counter())
+        self.ledger.record(op, purpose, buffer, self.size, start, time.perf_counter(), self.across_nodes)
 
     # ---- set-up: staging buffers, guards, the communication thread's twin
     def reserve_staging(self, memory, max_elements, reduce_dtype):

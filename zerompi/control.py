@@ -2,8 +2,8 @@
 
 None of this is training traffic, so none of it is ledgered; the guards (--check-collectives,
 --collective-timeout, zerompi/observe/guards.py) still watch the ones that can disagree or hang.
-`ControlMessages` is mixed into the Communicator (zerompi/comm.py), whose `mpi`, `rank`, `size`
-and `guards` it uses, so that every caller keeps one object to talk to:
+`ControlMessages` is mixed into the Communicator (zerompi/comm.py), whose `mpi`, `rank`, `size`,
+`guards` and `node_of_rank` it uses, so that every caller keeps one object to talk to:
 
     check_all(error)              every rank passes its error or None; if any has one, the lowest
                                   such rank prints it and every rank exits with the same status
@@ -23,7 +23,7 @@ from mpi4py import MPI                # noqa: E402
 import numpy as np                    # noqa: E402
 
 from .exit_codes import ExitCode                   # noqa: E402
-from .ledger import BOOKKEEPING, CONTROL, LAUNCH   # noqa: E402
+from .ledger import BOOKKEEPING, CONTROL           # noqa: E402
 
 
 class ControlMessages:
@@ -82,13 +82,9 @@ class ControlMessages:
         return [received[offsets[r]:offsets[r + 1]].tobytes() for r in range(self.size)]
 
     def ranks_on_this_node(self):
-        """How many ranks share this node (and its cores)."""
-        self.guards.begin("split", LAUNCH, None)
-        node = self.mpi.Split_type(MPI.COMM_TYPE_SHARED)
-        self.guards.end()
-        count = node.Get_size()
-        node.Free()
-        return count
+        """How many ranks share this node (and its cores): from the node of each rank, learned
+        when the Communicator was built (zerompi/nodes.py)."""
+        return self.node_of_rank.count(self.node_of_rank[self.rank])
 
     def barrier(self):
         self.mpi.Barrier()

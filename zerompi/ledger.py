@@ -29,6 +29,17 @@ its `listeners` (--trace draws each collective as a span from them, zerompi/obse
 Ring volume per rank for a buffer of n elements over N ranks (the standard ring algorithms):
     reduce-scatter  n (N-1)/N        all-gather  n (N-1)/N        all-reduce  2 n (N-1)/N
 It counts what the ring algorithm moves for these calls; MPI may pick another algorithm on the wire.
+
+Intra-node and inter-node bytes, by the same model: the ring runs over the calling communicator's
+ranks in rank order, and each rank sends its whole ring volume for the call to its successor,
+rank+1 mod N. So a call's ring volume is this rank's inter-node volume exactly when its successor
+is on another node (the communicator knows each rank's node, zerompi/nodes.py), and its intra-node
+volume otherwise. A flat ring over N ranks placed in blocks on k > 1 nodes crosses node boundaries
+k times: summed over the ranks, k x (one rank's ring volume) is inter-node, one rank's worth sent
+out of each node per collective (zerompi.memory.flat_ring_node_split). This counts the ring model,
+not the wire: MPI may pick another algorithm (MPICH's is node-aware for some calls), and then
+other bytes cross. Each record takes the node split of the communicator that made the call, so
+communicators on different groups of ranks can share one ledger.
 """
 import resource
 import threading
@@ -46,7 +57,6 @@ IO = "io"                        # stage 3 gathering parameters outside the step
 # purposes of messages that are guarded (zerompi/observe/guards.py) but not ledgered (zerompi/control.py)
 CONTROL = "control"              # errors and verdicts every rank must agree on
 BOOKKEEPING = "bookkeeping"      # the end-of-run report, checkpoint manifests
-LAUNCH = "launch"                # launch checks (ranks per node)
 
 # the ledgered operations, and how many times the ring moves the buffer for each
 ALLREDUCE, REDUCE_SCATTER, ALLGATHER = "allreduce", "reduce_scatter", "allgather"
@@ -87,14 +97,16 @@ class CommLedger:
     outside the lock."""
 
     def __init__(self):
-        # (op, purpose) -> [calls, ring bytes, ring elements, seconds]
-        self.entries = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+        # (op, purpose) -> [calls, ring bytes, ring elements, seconds, inter-node ring bytes,
+        #                   inter-node ring elements]; intra-node = ring - inter-node
+        self.entries = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0])
         self.lock = threading.Lock()
         self.listeners = []      # listener(op, purpose, nbytes, start, end), called for every record
 
-    def record(self, op, purpose, buffer, num_ranks, start, end):
+    def record(self, op, purpose, buffer, num_ranks, start, end, across_nodes):
         """Record one collective on `buffer` (the full-size side: n elements for all ranks) that
-        ran from start to end (time.perf_counter() seconds)."""
+        ran from start to end (time.perf_counter() seconds); across_nodes: whether this rank's
+        ring successor in the calling communicator is on another node."""
         ring = RING_FACTOR[op] * (num_ranks - 1) / num_ranks
         with self.lock:
             entry = self.entries[(op, purpose)]
@@ -102,6 +114,9 @@ class CommLedger:
             entry[1] += ring * buffer.nbytes
             entry[2] += ring * buffer.size
             entry[3] += end - start
+            if across_nodes:
+                entry[4] += ring * buffer.nbytes
+                entry[5] += ring * buffer.size
         for listener in self.listeners:
             listener(op, purpose, buffer.nbytes, start, end)
 
@@ -111,6 +126,14 @@ class CommLedger:
 
     def totals(self, purposes):
         """(calls, ring bytes, ring elements, seconds) summed over the given purposes."""
+        return self._sums(purposes, range(4))
+
+    def inter_node(self, purposes):
+        """(inter-node ring bytes, inter-node ring elements) summed over the given purposes; the
+        rest of totals' ring volume is intra-node."""
+        return self._sums(purposes, (4, 5))
+
+    def _sums(self, purposes, columns):
         with self.lock:
             rows = [list(e) for (op, p), e in self.entries.items() if p in purposes]
-        return tuple(sum(e[i] for e in rows) for i in range(4))
+        return tuple(sum(e[i] for e in rows) for i in columns)

@@ -34,6 +34,10 @@ partition-aware version, and ours, use reduce-scatter + all-gather (2Ψ):
 reduce-scatter already gives each rank exactly the averaged gradient shard
 it updates, so the rest of a full all-reduce would be wasted work.
 
+Across nodes, a flat ring over the ranks in rank order sends each rank's whole volume to rank
+r+1 mod N: inter-node when that rank is on another node (flat_ring_node_split). With the ranks in
+blocks on k > 1 nodes, k ranks send across, one rank's volume out of each node per collective.
+
 Activations, temporary buffers and fragmentation are not modelled.
 
 Across nodes: hybrid sharding and hpZ
@@ -157,6 +161,22 @@ def comm_elements_per_step(stage: int, num_params: float, num_ranks: int, micro_
     # Stage 3: params all-gathered in forward and in backward, grads reduce-scattered: per micro-batch.
     passes_over_params = {0: 2, 1: 2, 2: micro_batches + 1, 3: 3 * micro_batches}[stage]
     return passes_over_params * num_params * (num_ranks - 1) / num_ranks
+
+
+def flat_ring_node_split(ring_volume: float, node_of_rank) -> list:
+    """[(intra-node, inter-node)] volume of each rank, for a flat ring over the ranks in rank order
+    where each rank's ring volume is ring_volume (any unit: elements, bytes) and rank r runs on
+    node node_of_rank[r].
+
+    Rank r sends its whole ring volume to rank r+1 mod N: inter-node when that rank is on another
+    node, intra-node otherwise. Ranks in blocks on k > 1 nodes: the last rank of each node sends
+    across, so the ring crosses node boundaries k times and k x ring_volume is inter-node in all,
+    ring_volume out of each node. (One node: all intra-node. Ranks dealt round-robin over k > 1
+    nodes: every rank sends across, N x ring_volume.)
+    """
+    n = len(node_of_rank)
+    return [(0.0, ring_volume) if node_of_rank[r] != node_of_rank[(r + 1) % n] else (ring_volume, 0.0)
+            for r in range(n)]
 
 
 # ---------------------------------------------------------------- across nodes: hybrid sharding and hpZ

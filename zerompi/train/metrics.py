@@ -5,10 +5,10 @@ sinks write it: `--metrics FILE.jsonl` (MetricsFile, here: one JSON object per l
     {"step": 12, "time": 1793712345.123, "restarts": 0, "loss": 0.731, "accuracy": 0.781, "lr": 0.0018,
      "grad_norm": 1.93, "applied": true, "loss_scale": 1.0, "step_seconds": 0.0071,
      "samples_per_second": 18028.2,
-     "comm": {"grads": {"calls": 3, "bytes": 156744.0, "elements": 39186.0, "seconds": 0.0011},
-              "params": {...}, "metrics": {...}},
+     "comm": {"grads": {"calls": 3, "bytes": 156744.0, "inter_node_bytes": 0.0, "elements": 39186.0,
+                        "seconds": 0.0011}, "params": {...}, "metrics": {...}},
      "memory": {"ledger_bytes": [835012, ...], "peak_rss_bytes": [61235200, ...]},
-     "comm_per_rank": {"bytes": [313488.0, ...], "seconds": [0.0021, ...]}}
+     "comm_per_rank": {"bytes": [313488.0, ...], "inter_node_bytes": [0.0, ...], "seconds": [0.0021, ...]}}
 
     step                 1-based: the number of steps done once this one ended
     time                 when the step ended: wall-clock Unix time in seconds (time.time(), UTC
@@ -28,19 +28,22 @@ sinks write it: `--metrics FILE.jsonl` (MetricsFile, here: one JSON object per l
     step_seconds         rank 0's wall time of the step (batch selection, forward, backward,
                          reductions, Adam), perf_counter; samples_per_second = batch / that
     comm                 per purpose, what rank 0's CommLedger recorded during this step: calls,
-                         ring bytes and elements (as in the end-of-run report), seconds inside MPI.
+                         ring bytes, the part of them that is inter-node (the ledger's flat-ring
+                         model, zerompi/ledger.py) and elements (as in the end-of-run report),
+                         seconds inside MPI.
                          With --overlap a collective is counted in the step it finishes in
                          (stage 1-2 parameter all-gathers finish in the next step's forward; the
                          last step's after the loop, in no line), and its seconds are the
                          communication thread's, not time the step waited
     memory               every rank's MemoryLedger total (all its allocated buffers) and OS peak RSS,
                          in rank order; ONLY on step 1, every --log-every steps and the last step
-    comm_per_rank        every rank's ring bytes and seconds inside MPI in this step (all purposes),
-                         in rank order; at the same steps as memory. The bytes are equal on every
-                         rank (each collective moves the same volume per rank); the seconds are
-                         not: they show which rank waits for the others
+    comm_per_rank        every rank's ring bytes, inter-node ring bytes and seconds inside MPI in
+                         this step (all purposes), in rank order; at the same steps as memory. The
+                         bytes are equal on every rank (each collective moves the same volume per
+                         rank); the inter-node bytes are those of the ranks whose ring successor is
+                         on another node; the seconds show which rank waits for the others
 
-Memory and each rank's communication are gathered (one Gather of four numbers per rank, a
+Memory and each rank's communication are gathered (one Gather of five numbers per rank, a
 collective every rank joins) only at those steps, not every step: the ledger total cannot change
 inside the loop (nothing is allocated there) and the peak RSS rarely does, so a per-step
 collective would buy nothing.
@@ -111,17 +114,18 @@ class StepMetrics:
         return step == 1 or step == self.last_step or (self.memory_every and step % self.memory_every == 0)
 
     def gather_ranks(self, comm):
-        """Collective: every rank's ledger total, peak RSS, and this step's ring bytes and MPI
-        seconds on rank 0, as lists in rank order (None elsewhere)."""
+        """Collective: every rank's ledger total, peak RSS, and this step's ring bytes, inter-node
+        ring bytes and MPI seconds on rank 0, as lists in rank order (None elsewhere)."""
         mine = np.array([self.memory.total_bytes, self.memory.peak_rss_bytes(),
-                         sum(c["bytes"] for c in comm.values()), sum(c["seconds"] for c in comm.values())])
-        everyone = np.zeros((self.comm.size, 4)) if self.comm.rank == 0 else None
+                         *(sum(c[key] for c in comm.values()) for key in ("bytes", "inter_node_bytes", "seconds"))])
+        everyone = np.zeros((self.comm.size, mine.size)) if self.comm.rank == 0 else None
         self.comm.gather_to_root(mine, everyone)
         if everyone is None:
             return None
         return {"memory": {"ledger_bytes": everyone[:, 0].astype(int).tolist(),
                            "peak_rss_bytes": everyone[:, 1].astype(int).tolist()},
-                "comm_per_rank": {"bytes": everyone[:, 2].tolist(), "seconds": everyone[:, 3].tolist()}}
+                "comm_per_rank": {"bytes": everyone[:, 2].tolist(), "inter_node_bytes": everyone[:, 3].tolist(),
+                                  "seconds": everyone[:, 4].tolist()}}
 
     def close(self):
         for sink in self.sinks:
@@ -171,18 +175,19 @@ def warn(text):
 
 
 def comm_by_purpose(ledger):
-    """{purpose: (calls, ring bytes, ring elements, seconds)} from a CommLedger, so far."""
-    return {purpose: ledger.totals({purpose}) for purpose in ledger.purposes()}
+    """{purpose: (calls, ring bytes, ring elements, seconds, inter-node ring bytes)} from a
+    CommLedger, so far."""
+    return {purpose: ledger.totals({purpose}) + ledger.inter_node({purpose})[:1] for purpose in ledger.purposes()}
 
 
 def comm_delta(before, after):
     """What was recorded between two comm_by_purpose snapshots, per purpose that made calls."""
     delta = {}
     for purpose, totals in after.items():
-        calls, ring_bytes, elements, seconds = np.subtract(totals, before.get(purpose, (0, 0, 0, 0)))
+        calls, ring_bytes, elements, seconds, inter_bytes = np.subtract(totals, before.get(purpose, (0,) * 5))
         if calls:
-            delta[purpose] = {"calls": int(calls), "bytes": float(ring_bytes), "elements": float(elements),
-                              "seconds": float(seconds)}
+            delta[purpose] = {"calls": int(calls), "bytes": float(ring_bytes), "inter_node_bytes": float(inter_bytes),
+                              "elements": float(elements), "seconds": float(seconds)}
     return delta
 
 

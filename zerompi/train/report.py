@@ -15,6 +15,15 @@ Each formula is shown twice: at Psi (the model's parameter count) and at Psi_pad
 to a multiple of N, what the buffers really hold). Measured equals the Psi_pad column exactly;
 the difference from the Psi column is the padding, at most N-1 elements per layer.
 
+Intra- and inter-node: the ring volume split by the ledger's flat-ring model (zerompi/ledger.py):
+rank r sends its whole ring volume to rank r+1 mod N, inter-node when that rank is on another
+node. Formula (zerompi.memory.flat_ring_node_split), with V the comm formula above:
+
+    inter-node per rank per step   V if rank r+1 mod N is on another node, else 0
+    intra-node                     V - inter-node
+    summed over ranks              k V on k > 1 nodes with the ranks in blocks (the ring leaves
+                                   each node once per collective)
+
 Rank 0 gathers every rank's numbers with one buffer Gather and prints a table or JSON.
 """
 import json
@@ -22,20 +31,27 @@ import json
 import numpy as np
 
 from ..ledger import MEMORY_KINDS
-from ..memory import comm_elements_per_step, model_state_bytes
+from ..memory import comm_elements_per_step, flat_ring_node_split, model_state_bytes
 
-COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds")
+COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
+                          "grads_intra_node_bytes", "grads_inter_node_bytes", "params_intra_node_bytes",
+                          "params_inter_node_bytes", "intra_node_elements", "inter_node_elements")
 
 
 def rank_numbers(engine, train_comm, steps):
     """This rank's measured numbers, per step for communication. train_comm: the CommLedger
-    totals of the training steps only, as {purpose: (calls, bytes, elements, seconds)}."""
+    totals of the training steps only, as {purpose: (calls, bytes, elements, seconds, inter-node
+    bytes, inter-node elements)}."""
     memory = engine.memory
     steps = max(steps, 1)                  # a resumed run with no steps left moved nothing
     grads, params = train_comm["grads"], train_comm["params"]
+    inter_elements = grads[5] + params[5]
     return np.array([memory.bytes_by_kind[k] for k in MEMORY_KINDS] +
                     [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps, (grads[1] + params[1]) / steps,
-                     (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps], dtype=np.float64)
+                     (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps,
+                     (grads[1] - grads[4]) / steps, grads[4] / steps, (params[1] - params[4]) / steps,
+                     params[4] / steps, (grads[2] + params[2] - inter_elements) / steps, inter_elements / steps],
+                    dtype=np.float64)
 
 
 def build_report(engine, train_comm, steps, stage, micro_batches=1):
@@ -48,14 +64,20 @@ def build_report(engine, train_comm, steps, stage, micro_batches=1):
         return None
     bytes_per_param = engine.stage.precision.bytes_per_param()
     n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
+    comm_formula = comm_elements_per_step(stage, psi, n, micro_batches)
+    comm_formula_padded = comm_elements_per_step(stage, psi_pad, n, micro_batches)
     return {
         "stage": stage, "ranks": n, "steps": steps, "dtype": engine.stage.precision.name,
         "psi": psi, "psi_padded": psi_pad, "bytes_per_param": bytes_per_param.__dict__,
         "memory_formula_bytes": model_state_bytes(stage, psi, n, bytes_per_param),
         "memory_formula_padded_bytes": model_state_bytes(stage, psi_pad, n, bytes_per_param),
         "micro_batches": micro_batches,
-        "comm_formula_elements_per_step": comm_elements_per_step(stage, psi, n, micro_batches),
-        "comm_formula_padded_elements_per_step": comm_elements_per_step(stage, psi_pad, n, micro_batches),
+        "comm_formula_elements_per_step": comm_formula,
+        "comm_formula_padded_elements_per_step": comm_formula_padded,
+        "nodes": len(set(comm.node_of_rank)), "node_of_rank": list(comm.node_of_rank),
+        # [intra-node, inter-node] elements of each rank per step, flat ring
+        "comm_formula_node_elements_per_step": flat_ring_node_split(comm_formula, comm.node_of_rank),
+        "comm_formula_padded_node_elements_per_step": flat_ring_node_split(comm_formula_padded, comm.node_of_rank),
         "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
     }
 
@@ -105,7 +127,27 @@ def format_table(report):
     if b["param"] == 2:
         lines.append("     bytes: 16-bit gradients are summed in float32 (4 bytes per element), parameters "
                      "gathered as 16-bit words (2)")
+    lines += ["", *format_node_split(r)]
     return "\n".join(lines)
+
+
+def format_node_split(report):
+    """The communication table's ring volume split into intra- and inter-node, per rank per step."""
+    r = report
+    nodes = f"{r['nodes']} node{'s' if r['nodes'] > 1 else ''}"
+    lines = [f"Intra- and inter-node communication per rank per training step, {nodes} (flat ring model, bytes)",
+             f"{'rank':>4} {'node':>4} {'grads intra':>12} {'grads inter':>12} {'params intra':>12} "
+             f"{'params inter':>12} {'inter elements':>14} {'formula':>12}"]
+    formula = r["comm_formula_node_elements_per_step"]
+    for rank, row in enumerate(r["per_rank"]):
+        lines.append(f"{rank:>4} {r['node_of_rank'][rank]:>4} {_size(row['grads_intra_node_bytes']):>12} "
+                     f"{_size(row['grads_inter_node_bytes']):>12} {_size(row['params_intra_node_bytes']):>12} "
+                     f"{_size(row['params_inter_node_bytes']):>12} {row['inter_node_elements']:>14,.0f} "
+                     f"{formula[rank][1]:>12,.0f}")
+    padded = sum(inter for _, inter in r["comm_formula_padded_node_elements_per_step"])
+    lines.append(f"     formula: ring volume if rank r+1 mod N is on another node, else 0; all ranks: "
+                 f"{sum(inter for _, inter in formula):,.0f} at Psi, {padded:,.0f} at Psi_pad")
+    return lines
 
 
 def format_json(report):

@@ -110,7 +110,7 @@ def run(cfg, comm, out, signals):
 def setup(cfg, comm, out):
     """Collective: every input checked (a problem: one line, every rank exits BAD_INPUT), the
     engine built and its starting weights loaded, the run's header printed."""
-    ranks_on_node = comm.ranks_on_this_node()                # collective: they share the node's memory
+    ranks_on_node = comm.ranks_on_this_node()                # they share the node's memory
     data, error = load_data(cfg, ranks_on_node)
     comm.check_all(error)
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
@@ -265,7 +265,7 @@ def finish(state, train_seconds):
         state.status.close()
     if state.tracer is not None:
         state.tracer.detach(engine)                          # the spans of the training steps only
-    train_comm = {p: comm.ledger.totals({p}) for p in (GRADS, PARAMS)}
+    train_comm = {p: comm.ledger.totals({p}) + comm.ledger.inter_node({p}) for p in (GRADS, PARAMS)}
 
     if data.x_test is not None:
         accuracy, not_finite = held_out_accuracy(engine, data, state.precision.compute, state.rows)
@@ -341,7 +341,7 @@ def main(argv=None):
         comm.check_all(grouping_error(cfg, comm.size))
         comm.check_all(loss_scale_error(precision_for(cfg.dtype).storage == np.float16, cfg.loss_scale,
                                         cfg.min_loss_scale))
-        ranks_on_node = comm.ranks_on_this_node()            # collective: every rank, before any verdict
+        ranks_on_node = comm.ranks_on_this_node()
         comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm, ranks_on_node))
         if cfg.comm == "nccl":
             comm = NcclCommunicator(comm.mpi, device)      # the same ranks, training traffic on NCCL

@@ -11,6 +11,7 @@ At the steps that gather every rank's numbers (step 1, every --log-every steps, 
 one value per rank r:
 
     memory/ledger_bytes/rank_r  memory/peak_rss_bytes/rank_r  comm/bytes/rank_r  comm/seconds/rank_r
+    comm/inter_node_bytes/rank_r                       the part of comm/bytes that leaves the node
     run/restarts (and run/slurm_restarts where Slurm set it)
 
 A step whose loss or gradient norm is not finite has no value for those tags (as --metrics has
@@ -102,7 +103,7 @@ def scalars(record):
     if "memory" in record:
         for kind in ("ledger_bytes", "peak_rss_bytes"):
             out += [(f"memory/{kind}/rank_{r}", v) for r, v in enumerate(record["memory"][kind])]
-        for kind in ("bytes", "seconds"):
+        for kind in ("bytes", "inter_node_bytes", "seconds"):
             out += [(f"comm/{kind}/rank_{r}", v) for r, v in enumerate(record["comm_per_rank"][kind])]
         out += [(f"run/{key}", record[key]) for key in ("restarts", "slurm_restarts") if key in record]
     return out
