@@ -24,7 +24,7 @@ import pytest
 from test_cli import train_ok
 from zerompi.control import ControlMessages
 from zerompi.ledger import ALLGATHER, ALLREDUCE, GRADS, PARAMS, CommLedger
-from zerompi.memory import flat_ring_node_split
+from zerompi.memory import RingCollective, ring_traffic
 from zerompi.nodes import number_nodes, sends_across_nodes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,8 +64,11 @@ def test_nodes_are_numbered_by_their_lowest_rank():
 def test_a_rank_sends_across_when_its_ring_successor_is_on_another_node(node_of_rank, senders):
     n, volume = len(node_of_rank), 1000.0
     assert [r for r in range(n) if sends_across_nodes(node_of_rank, r)] == senders
-    split = flat_ring_node_split(volume, node_of_rank)
-    assert split == [(0.0, volume) if r in senders else (volume, 0.0) for r in range(n)]
+    ring = RingCollective("grads", 1, volume * n / max(n - 1, 1), (tuple(range(n)),))   # V per rank
+    split = [(t["intra"]["grads"], t["inter"]["grads"]) for t in ring_traffic([ring], node_of_rank)]
+    if n > 1:
+        assert split == [pytest.approx((0.0, volume)) if r in senders else pytest.approx((volume, 0.0))
+                         for r in range(n)]
     nodes = len(set(node_of_rank))
     if node_of_rank == tuple(sorted(node_of_rank)) and nodes > 1:      # blocks: k crossings, one per node
         assert sum(inter for _, inter in split) == nodes * volume

@@ -36,7 +36,7 @@ rank+1 mod N. So a call's ring volume is this rank's inter-node volume exactly w
 is on another node (the communicator knows each rank's node, zerompi/nodes.py), and its intra-node
 volume otherwise. A flat ring over N ranks placed in blocks on k > 1 nodes crosses node boundaries
 k times: summed over the ranks, k x (one rank's ring volume) is inter-node, one rank's worth sent
-out of each node per collective (zerompi.memory.flat_ring_node_split). This counts the ring model,
+out of each node per collective (zerompi.memory.ring_traffic). This counts the ring model,
 not the wire: MPI may pick another algorithm (MPICH's is node-aware for some calls), and then
 other bytes cross. Each record takes the node split of the communicator that made the call, so
 communicators on different groups of ranks can share one ledger.

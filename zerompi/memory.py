@@ -35,7 +35,7 @@ reduce-scatter already gives each rank exactly the averaged gradient shard
 it updates, so the rest of a full all-reduce would be wasted work.
 
 Across nodes, a flat ring over the ranks in rank order sends each rank's whole volume to rank
-r+1 mod N: inter-node when that rank is on another node (flat_ring_node_split). With the ranks in
+r+1 mod N: inter-node when that rank is on another node (ring_traffic). With the ranks in
 blocks on k > 1 nodes, k ranks send across, one rank's volume out of each node per collective.
 
 Activations, temporary buffers and fragmentation are not modelled.
@@ -163,22 +163,6 @@ def comm_elements_per_step(stage: int, num_params: float, num_ranks: int, micro_
     return passes_over_params * num_params * (num_ranks - 1) / num_ranks
 
 
-def flat_ring_node_split(ring_volume: float, node_of_rank) -> list:
-    """[(intra-node, inter-node)] volume of each rank, for a flat ring over the ranks in rank order
-    where each rank's ring volume is ring_volume (any unit: elements, bytes) and rank r runs on
-    node node_of_rank[r].
-
-    Rank r sends its whole ring volume to rank r+1 mod N: inter-node when that rank is on another
-    node, intra-node otherwise. Ranks in blocks on k > 1 nodes: the last rank of each node sends
-    across, so the ring crosses node boundaries k times and k x ring_volume is inter-node in all,
-    ring_volume out of each node. (One node: all intra-node. Ranks dealt round-robin over k > 1
-    nodes: every rank sends across, N x ring_volume.)
-    """
-    n = len(node_of_rank)
-    return [(0.0, ring_volume) if node_of_rank[r] != node_of_rank[(r + 1) % n] else (ring_volume, 0.0)
-            for r in range(n)]
-
-
 # ---------------------------------------------------------------- across nodes: hybrid sharding and hpZ
 # Memory of the hierarchical variants, and the ring model of every variant's traffic split into
 # intra- and inter-node elements ("Across nodes" in the module docstring).
@@ -237,57 +221,68 @@ def _strided(num_ranks, size):
     return tuple(tuple(range(first, num_ranks, size)) for first in range(size))
 
 
-def _stage_collectives(stage, num_params, rings):
-    """What stage s runs on each ring per step (one micro-batch): comm_elements_per_step's passes."""
+def _stage_collectives(stage, num_params, rings, micro_batches=1):
+    """What stage s runs on each ring per step: comm_elements_per_step's passes (with M
+    micro-batches, stage 2 reduce-scatters and stage 3 gathers and reduce-scatters M times)."""
+    m = micro_batches
     if stage == 0:
         return [RingCollective("grads", 2, num_params, rings)]                # all-reduce
     if stage in (1, 2):
-        return [RingCollective("grads", 1, num_params, rings),                # reduce-scatter
+        return [RingCollective("grads", m if stage == 2 else 1, num_params, rings),   # reduce-scatter
                 RingCollective("params", 1, num_params, rings)]               # all-gather after the update
-    return [RingCollective("params", 1, num_params, rings),                   # all-gather in forward
-            RingCollective("params", 1, num_params, rings),                   # all-gather in backward
-            RingCollective("grads", 1, num_params, rings)]                    # reduce-scatter
+    return [RingCollective("params", m, num_params, rings),                   # all-gather in forward
+            RingCollective("params", m, num_params, rings),                   # all-gather in backward
+            RingCollective("grads", m, num_params, rings)]                    # reduce-scatter
 
 
-def flat_collectives(stage: int, num_params: float, num_ranks: int) -> list:
+def flat_collectives(stage: int, num_params: float, num_ranks: int, micro_batches: int = 1) -> list:
     """Stage 0-3 over all N ranks: one ring."""
     _check(stage, num_params, num_ranks)
-    return _stage_collectives(stage, num_params, _blocks(num_ranks, num_ranks))
+    return _stage_collectives(stage, num_params, _blocks(num_ranks, num_ranks), micro_batches)
 
 
-def hybrid_collectives(stage: int, num_params: float, num_ranks: int, shard_group: int) -> list:
+def hybrid_collectives(stage: int, num_params: float, num_ranks: int, shard_group: int,
+                       micro_batches: int = 1) -> list:
     """Stage 1-3 inside each group of S consecutive ranks, then the all-reduce of each owned shard
-    (Ψ/S elements) over the R = N/S ranks that own it, one per group."""
+    (Ψ/S elements) over the R = N/S ranks that own it, one per group (after each of the group's
+    reduce-scatters: once per step in stage 1, per micro-batch in stages 2-3)."""
     _check_hybrid(stage, num_params, num_ranks, shard_group)
-    return (_stage_collectives(stage, num_params, _blocks(num_ranks, shard_group)) +
-            [RingCollective("grads", 2, num_params / shard_group, _strided(num_ranks, shard_group))])
+    all_reduces = micro_batches if stage >= 2 else 1
+    return (_stage_collectives(stage, num_params, _blocks(num_ranks, shard_group), micro_batches) +
+            [RingCollective("grads", 2 * all_reduces, num_params / shard_group, _strided(num_ranks, shard_group))])
 
 
-def hpz_collectives(num_params: float, num_ranks: int, ranks_per_node: int) -> list:
+def hpz_collectives(num_params: float, num_ranks: int, ranks_per_node: int, micro_batches: int = 1) -> list:
     """Stage 3 with hpZ: forward's all-gather over all N (each rank keeps its node's slice of it),
-    backward's all-gather of those slices over the L ranks of the node, the reduce-scatter over all N."""
+    backward's all-gather of those slices over the L ranks of the node, the reduce-scatter over all N
+    (each once per micro-batch)."""
     _check_nodes(num_params, num_ranks, ranks_per_node)
-    everyone, nodes = _blocks(num_ranks, num_ranks), _blocks(num_ranks, ranks_per_node)
-    return [RingCollective("params", 1, num_params, everyone),
-            RingCollective("params", 1, num_params, nodes),
-            RingCollective("grads", 1, num_params, everyone)]
+    everyone, nodes, m = _blocks(num_ranks, num_ranks), _blocks(num_ranks, ranks_per_node), micro_batches
+    return [RingCollective("params", m, num_params, everyone),
+            RingCollective("params", m, num_params, nodes),
+            RingCollective("grads", m, num_params, everyone)]
 
 
-def ring_traffic_per_rank(collectives: list, num_ranks: int, ranks_per_node: int) -> list:
-    """Elements each rank sends per step in the ring model, by link and purpose:
-    [{'intra': {'grads': ..., 'params': ...}, 'inter': {...}} for rank 0, 1, ..., N-1].
+def ring_traffic(collectives: list, node_of_rank) -> list:
+    """Elements each rank sends per step in the ring model, by link and purpose, rank r on node
+    node_of_rank[r] (any placement): [{'intra': {'grads': ..., 'params': ...}, 'inter': {...}}, ...].
 
-    A rank's share of a ring collective goes to its successor in the ring: inter-node when the
-    successor is on another node (ranks in blocks of L per node)."""
-    _check_divides("ranks_per_node", ranks_per_node, num_ranks)
-    traffic = [{link: {"grads": 0.0, "params": 0.0} for link in ("intra", "inter")} for _ in range(num_ranks)]
+    A rank's share of a ring collective goes to its successor in the ring (the next rank of the
+    ring, the last wrapping to the first): inter-node when the successor is on another node."""
+    traffic = [{link: {"grads": 0.0, "params": 0.0} for link in ("intra", "inter")} for _ in node_of_rank]
     for collective in collectives:
         for ring in collective.rings:
             per_rank = collective.passes * collective.numel * (len(ring) - 1) / len(ring)
             for rank, successor in zip(ring, ring[1:] + ring[:1]):
-                link = "intra" if rank // ranks_per_node == successor // ranks_per_node else "inter"
+                link = "intra" if node_of_rank[rank] == node_of_rank[successor] else "inter"
                 traffic[rank][link][collective.purpose] += per_rank
     return traffic
+
+
+def ring_traffic_per_rank(collectives: list, num_ranks: int, ranks_per_node: int) -> list:
+    """ring_traffic for ranks placed in blocks of L per node (rank r on node r // L)."""
+    _check_divides("ranks_per_node", ranks_per_node, num_ranks)
+    return ring_traffic(collectives, [rank // ranks_per_node for rank in range(num_ranks)])
 
 
 def inter_node_per_node(traffic: list, ranks_per_node: int) -> list:

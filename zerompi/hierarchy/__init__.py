@@ -45,13 +45,13 @@ class Grouping:
             return hpz_model_state_bytes(num_params, num_ranks, self.hpz_node_size, bytes_per_param)
         return model_state_bytes(stage, num_params, num_ranks, bytes_per_param)
 
-    def ring_collectives(self, stage, num_params, num_ranks):
+    def ring_collectives(self, stage, num_params, num_ranks, micro_batches=1):
         """zerompi/memory.py's ring collectives of one step for this grouping."""
         if self.hybrid(num_ranks):
-            return hybrid_collectives(stage, num_params, num_ranks, self.shard_group)
+            return hybrid_collectives(stage, num_params, num_ranks, self.shard_group, micro_batches)
         if self.hpz_node_size:
-            return hpz_collectives(num_params, num_ranks, self.hpz_node_size)
-        return flat_collectives(stage, num_params, num_ranks)
+            return hpz_collectives(num_params, num_ranks, self.hpz_node_size, micro_batches)
+        return flat_collectives(stage, num_params, num_ranks, micro_batches)
 
 
 FLAT = Grouping()

@@ -15,14 +15,18 @@ Each formula is shown twice: at Psi (the model's parameter count) and at Psi_pad
 to a multiple of N, what the buffers really hold). Measured equals the Psi_pad column exactly;
 the difference from the Psi column is the padding, at most N-1 elements per layer.
 
-Intra- and inter-node: the ring volume split by the ledger's flat-ring model (zerompi/ledger.py):
-rank r sends its whole ring volume to rank r+1 mod N, inter-node when that rank is on another
-node. Formula (zerompi.memory.flat_ring_node_split), with V the comm formula above:
+Intra- and inter-node: the ring volume split by the ledger's ring model (zerompi/ledger.py):
+each rank sends its whole ring volume to its successor in the ring, inter-node when that rank is
+on another node. Formula (zerompi.memory.ring_traffic over the step's rings), with V the comm
+formula above, flat ZeRO:
 
     inter-node per rank per step   V if rank r+1 mod N is on another node, else 0
     intra-node                     V - inter-node
     summed over ranks              k V on k > 1 nodes with the ranks in blocks (the ring leaves
                                    each node once per collective)
+
+Hybrid sharding and hpZ (zerompi/hierarchy/): the same rule over each of their rings (the shard
+groups, the replica groups, the nodes), and the memory formula of the variant (zerompi/memory.py).
 
 Rank 0 gathers every rank's numbers with one buffer Gather and prints a table or JSON.
 """
@@ -31,7 +35,7 @@ import json
 import numpy as np
 
 from ..ledger import MEMORY_KINDS
-from ..memory import comm_elements_per_step, flat_ring_node_split, model_state_bytes
+from ..memory import ring_traffic
 
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
                           "grads_intra_node_bytes", "grads_inter_node_bytes", "params_intra_node_bytes",
@@ -63,23 +67,30 @@ def build_report(engine, train_comm, steps, stage, micro_batches=1):
     if comm.rank != 0:
         return None
     bytes_per_param = engine.stage.precision.bytes_per_param()
-    n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
-    comm_formula = comm_elements_per_step(stage, psi, n, micro_batches)
-    comm_formula_padded = comm_elements_per_step(stage, psi_pad, n, micro_batches)
+    n, psi, psi_pad, grouping = comm.size, layout.num_params, layout.full_numel, engine.grouping
+    # [intra-node, inter-node] elements of each rank per step, and their sum (the same on every rank)
+    split = [node_split(grouping.ring_collectives(stage, num, n, micro_batches), comm.node_of_rank)
+             for num in (psi, psi_pad)]
     return {
         "stage": stage, "ranks": n, "steps": steps, "dtype": engine.stage.precision.name,
+        "grouping": grouping.describe(stage, n), "shard_group": grouping.shard_group or n,
+        "hpz_ranks_per_node": grouping.hpz_node_size,
         "psi": psi, "psi_padded": psi_pad, "bytes_per_param": bytes_per_param.__dict__,
-        "memory_formula_bytes": model_state_bytes(stage, psi, n, bytes_per_param),
-        "memory_formula_padded_bytes": model_state_bytes(stage, psi_pad, n, bytes_per_param),
+        "memory_formula_bytes": grouping.model_state_bytes(stage, psi, n, bytes_per_param),
+        "memory_formula_padded_bytes": grouping.model_state_bytes(stage, psi_pad, n, bytes_per_param),
         "micro_batches": micro_batches,
-        "comm_formula_elements_per_step": comm_formula,
-        "comm_formula_padded_elements_per_step": comm_formula_padded,
+        "comm_formula_elements_per_step": sum(split[0][0]),
+        "comm_formula_padded_elements_per_step": sum(split[1][0]),
         "nodes": len(set(comm.node_of_rank)), "node_of_rank": list(comm.node_of_rank),
-        # [intra-node, inter-node] elements of each rank per step, flat ring
-        "comm_formula_node_elements_per_step": flat_ring_node_split(comm_formula, comm.node_of_rank),
-        "comm_formula_padded_node_elements_per_step": flat_ring_node_split(comm_formula_padded, comm.node_of_rank),
+        "comm_formula_node_elements_per_step": split[0],
+        "comm_formula_padded_node_elements_per_step": split[1],
         "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
     }
+
+
+def node_split(collectives, node_of_rank):
+    """[[intra-node, inter-node] elements of each rank per step] in the ring model."""
+    return [[sum(t["intra"].values()), sum(t["inter"].values())] for t in ring_traffic(collectives, node_of_rank)]
 
 
 def _size(num_bytes):
@@ -95,10 +106,12 @@ def format_table(report):
     m = r["micro_batches"]
     comm_name = {0: "2 Psi (N-1)/N", 1: "2 Psi (N-1)/N", 2: "(M+1) Psi (N-1)/N" if m > 1 else "2 Psi (N-1)/N",
                  3: "3M Psi (N-1)/N" if m > 1 else "3 Psi (N-1)/N"}[r["stage"]]
+    if r["shard_group"] != r["ranks"] or r["hpz_ranks_per_node"]:     # zerompi/hierarchy/
+        comm_name = "of the groups' rings (zerompi.memory.ring_traffic)"
     if m > 1:
         comm_name += f", M = {m} micro-batches"
     lines = [
-        f"ZeRO stage {r['stage']}, N = {r['ranks']} ranks, {r['dtype']}, Psi = {r['psi']:,} parameters"
+        f"{r['grouping']}, {r['dtype']}, Psi = {r['psi']:,} parameters"
         f" ({r['psi_padded']:,} padded), P={b['param']:g} G={b['grad']:g} K={b['optimizer']:g} bytes/param",
         "",
         "Memory per rank, measured from the allocated buffers (model state = params + grads + optimizer)",
@@ -135,7 +148,7 @@ def format_node_split(report):
     """The communication table's ring volume split into intra- and inter-node, per rank per step."""
     r = report
     nodes = f"{r['nodes']} node{'s' if r['nodes'] > 1 else ''}"
-    lines = [f"Intra- and inter-node communication per rank per training step, {nodes} (flat ring model, bytes)",
+    lines = [f"Intra- and inter-node communication per rank per training step, {nodes} (ring model, bytes)",
              f"{'rank':>4} {'node':>4} {'grads intra':>12} {'grads inter':>12} {'params intra':>12} "
              f"{'params inter':>12} {'inter elements':>14} {'formula':>12}"]
     formula = r["comm_formula_node_elements_per_step"]
@@ -145,7 +158,7 @@ def format_node_split(report):
                      f"{_size(row['params_inter_node_bytes']):>12} {row['inter_node_elements']:>14,.0f} "
                      f"{formula[rank][1]:>12,.0f}")
     padded = sum(inter for _, inter in r["comm_formula_padded_node_elements_per_step"])
-    lines.append(f"     formula: ring volume if rank r+1 mod N is on another node, else 0; all ranks: "
+    lines.append(f"     formula: a rank's ring volume when its successor is on another node; all ranks: "
                  f"{sum(inter for _, inter in formula):,.0f} at Psi, {padded:,.0f} at Psi_pad")
     return lines
 
