@@ -4,6 +4,12 @@ always taken down again (also when a test fails or is interrupted).
     with emulated_cluster(number=1, nodes=4) as cluster:          (or the `emulated_cluster` fixture)
         result = run_across(cluster, ppn=2, command=[...], num_nodes=2, timeout=120)
 
+A session's cluster has the number session_number() ($ZEROMPI_TEST_CLUSTER, 1 by default); a
+test that builds and breaks clusters of its own uses spare_number(), 10 higher, so that it never
+meets the session's cluster. Tests on it time out with pytest-timeout's signal method (the test
+process only waits for subprocesses), so that a timed-out test still takes its cluster down; the
+thread method would end the process on the spot.
+
 Tests on it skip where it cannot exist (not root, no `ip`/`nsenter`/`unshare`); under CI
 (the CI variable set) they fail instead, so that a machine that lost them is noticed.
 """
@@ -20,6 +26,16 @@ sys.path.insert(0, TOOLS)
 from emulated_cluster import Cluster  # noqa: E402
 
 
+def session_number():
+    """The number of this test session's emulated cluster."""
+    return int(os.environ.get("ZEROMPI_TEST_CLUSTER", "1"))
+
+
+def spare_number():
+    """The number for clusters that a test builds, and breaks, itself."""
+    return session_number() + 10
+
+
 def missing():
     """Why an emulated cluster cannot be built here, or None."""
     if os.geteuid() != 0:
@@ -30,18 +46,23 @@ def missing():
     return None
 
 
-@contextmanager
-def emulated_cluster(number, nodes):
-    """Cluster `number` with `nodes` nodes, up for the with-block, down afterwards."""
+def require_cluster():
+    """Skip the test where no emulated cluster can be built (fail it under CI)."""
     problem = missing()
     if problem:
         if os.environ.get("CI"):
             pytest.fail(problem)
         pytest.skip(problem)
+
+
+@contextmanager
+def emulated_cluster(number, nodes):
+    """Cluster `number` with `nodes` nodes, up for the with-block, down afterwards."""
+    require_cluster()
     cluster = Cluster(number)
     cluster.down()                         # what an earlier, killed session may have left
-    cluster.up(nodes)
     try:
+        cluster.up(nodes)
         yield cluster
     finally:
         cluster.down()
