@@ -3,6 +3,7 @@ always taken down again (also when a test fails or is interrupted).
 
     with emulated_cluster(number=1, nodes=4) as cluster:          (or the `emulated_cluster` fixture)
         result = run_across(cluster, ppn=2, command=[...], num_nodes=2, timeout=120)
+        processes_on(cluster)          what still runs on its nodes (nothing, once a job ended)
 
 A session's cluster has the number session_number() ($ZEROMPI_TEST_CLUSTER, 1 by default); a
 test that builds and breaks clusters of its own uses spare_number(), 10 higher, so that it never
@@ -82,3 +83,16 @@ def run_across(cluster, ppn, command, num_nodes=None, timeout=180, env=None):
         out, err = process.communicate()
         raise AssertionError(f"timed out after {timeout} s: {' '.join(command)}\n{out}\n{err}")
     return subprocess.CompletedProcess(full, process.returncode, out, err)
+
+
+def processes_on(cluster):
+    """The pids of the processes running on any node of the cluster (in one of its namespaces)."""
+    namespaces = {os.stat(f"/run/netns/{cluster.node_name(i)}").st_ino for i in cluster.nodes()}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino in namespaces:
+                found.append(int(pid))
+        except OSError:                    # ended meanwhile
+            pass
+    return found
