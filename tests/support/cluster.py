@@ -73,7 +73,12 @@ def run_across(cluster, ppn, command, num_nodes=None, timeout=180, env=None):
     """Run command (a list) with MPICH's mpiexec, ppn ranks on each of the first num_nodes nodes;
     returns the CompletedProcess (text). The launcher runs in its own process group, which is
     killed whole at the timeout."""
-    full = cluster.mpiexec_command(ppn, command, num_nodes)
+    return run_launcher(cluster.mpiexec_command(ppn, command, num_nodes), timeout, env)
+
+
+def run_launcher(full, timeout=180, env=None):
+    """Run a launcher's full command line (a list, e.g. cluster.on_node(1, [mpirun, ...])) with
+    run_across's timeout: its process group killed whole at the timeout."""
     process = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env, start_new_session=True)
     try:
@@ -81,7 +86,7 @@ def run_across(cluster, ppn, command, num_nodes=None, timeout=180, env=None):
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
         out, err = process.communicate()
-        raise AssertionError(f"timed out after {timeout} s: {' '.join(command)}\n{out}\n{err}")
+        raise AssertionError(f"timed out after {timeout} s: {' '.join(full)}\n{out}\n{err}")
     return subprocess.CompletedProcess(full, process.returncode, out, err)
 
 
