@@ -106,7 +106,10 @@ def parse_args(argv=None):
 
 def tx_bytes(iface):
     """Bytes this process's network namespace has sent over iface since it came up, or None where
-    it has no such interface. /proc/net/dev lists the namespace of the process that reads it."""
+    it has no such interface (or no /proc: not Linux). /proc/net/dev lists the namespace of the
+    process that reads it."""
+    if not os.path.exists("/proc/net/dev"):
+        return None
     with open("/proc/net/dev") as f:
         for line in f.readlines()[2:]:
             name, _, counters = line.partition(":")
