@@ -523,7 +523,7 @@ def _flag_name(field_name):
 
 
 def model_memory_error(sizes, cfg, num_ranks, ranks_on_node, grouping):
-    """One line if the MLP's parameters, gradients and Adam state per rank (zerompi/memory.py's
+    """One line if the MLP's parameters, gradients and Adam state per rank (zerompi.memory's
     formulas for cfg.stage, cfg.dtype and the grouping; activations and buffers come on top) need
     more memory than this process may still allocate, ranks_on_node sharing the node's; else None."""
     num_params = sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))
