@@ -3,7 +3,7 @@
     run.py           setup, the training loop, the finish (held-out accuracy, weights, report)
     config.py        TrainConfig, its command line and its checks; config_files.py: TOML and
                      DeepSpeed JSON; environment.py: the variables read; version.py: --version
-    batch_rule.py    the batch sizes: G = b x M x N
+    batch_rule.py    the batch sizes: G = b x M x N  output_paths.py no output overwrites an input
     errors.py        ArgumentError: a bad command line, one line
     data.py          data sets (the shipped digits in datasets/, synthetic, .npz) and batch order
     batches.py       this rank's rows of each micro-batch, gathered on the device

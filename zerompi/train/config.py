@@ -6,8 +6,9 @@ Each TrainConfig field is an `option(default, help, group, ...)`: build_parser t
 widths a comma-separated list), with any `choices` argparse then enforces itself.
 
 The batch sizes are resolved in one place for flags, TOML and DeepSpeed files alike: batch_rule.py
-(global batch = micro-batch x accumulation x N, any two deciding the third). --help and --version
-are answered before MPI starts (answer_without_mpi).
+(global batch = micro-batch x accumulation x N, any two deciding the third). The output paths are
+checked against the inputs by output_paths.py. --help and --version are answered before MPI starts
+(answer_without_mpi).
 
 The defaults train the shipped handwritten digits with `mpirun -n 8 python -m zerompi.train` in well
 under a minute on 2 cores. Every check here runs identically on every rank (it depends only on the
@@ -16,7 +17,6 @@ communicating.
 """
 import argparse
 import math
-import os
 import textwrap
 from dataclasses import dataclass, field, fields
 
@@ -25,13 +25,12 @@ from .config_files import CommandLine, ConfigFileError, flags_from_file
 from .environment import ENVIRONMENT
 from .errors import ArgumentError
 from .launch import launcher_rank
+from .output_paths import output_overwrites_input
 from .version import version_text
-from ..checkpoint.files import replaces_checkpoint_file
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import EXIT_MEANINGS, ExitCode
 from ..inputs import check_fits
 from ..precision import DTYPE_NAMES, precision_for
-from .data import BUILTIN_DATA
 from .schedule import SCHEDULES
 
 
@@ -372,59 +371,6 @@ def check_config(cfg, num_ranks):
         return (f"--save-weights {cfg.save_weights} writes a consolidated .npz, so its name must end in .npz "
                 f"(for safetensors: --save-dir, then python -m zerompi.checkpoint export CKPT OUT.safetensors)")
     return overwrites
-
-
-OUTPUT_FLAGS = ("save_weights", "metrics", "trace", "tensorboard")
-INPUT_FLAGS = ("data", "init_weights", "config", "deepspeed_config")
-
-
-def output_overwrites_input(cfg):
-    """One line if an output (--save-weights, --metrics, --trace, --tensorboard) is an input (--data,
-    --init-weights, --config, --deepspeed-config) by any name: the same (st_dev, st_ino) where the
-    output exists, so symlinks and hard links count; or if --save-dir is or holds an input (by
-    real path); or if two outputs are one file; or if --tensorboard's folder is a checkpoint folder.
-    None if no output touches an input or another output."""
-    inputs = [(_flag_name(name), getattr(cfg, name)) for name in INPUT_FLAGS
-              if getattr(cfg, name) and os.path.exists(getattr(cfg, name))
-              and not (name == "data" and cfg.data in BUILTIN_DATA)]
-    for name in OUTPUT_FLAGS:
-        output = getattr(cfg, name)
-        for flag, path in inputs:
-            if output and _same_file(output, path):
-                return (f"{_flag_name(name)} {output} is {flag} {path}: writing it would destroy the input; "
-                        f"choose another path")
-    outputs = [(_flag_name(name), getattr(cfg, name)) for name in OUTPUT_FLAGS if getattr(cfg, name)]
-    for i, (flag, path) in enumerate(outputs):
-        for other_flag, other in outputs[i + 1:]:
-            if os.path.realpath(path) == os.path.realpath(other):    # symlinks followed, even to no file yet
-                return f"{flag} {path} and {other_flag} {other} are one file: give each output its own path"
-    resumed = cfg.resume if cfg.resume and cfg.resume != "latest" else None
-    for flag, path in outputs:
-        problem = ((cfg.save_dir and replaces_checkpoint_file(path, cfg.save_dir)) or
-                   (resumed and replaces_checkpoint_file(path, os.path.dirname(os.path.abspath(resumed)), resumed)))
-        if problem:
-            return f"{flag} {problem}: write it elsewhere"
-    if cfg.tensorboard and any(folder and os.path.realpath(cfg.tensorboard) == os.path.realpath(folder)
-                               for folder in (cfg.save_dir, resumed)):
-        return f"--tensorboard {cfg.tensorboard} is a checkpoint folder: write the events elsewhere"
-    if cfg.save_dir:
-        folder = os.path.realpath(cfg.save_dir)
-        for flag, path in inputs:
-            if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
-                return (f"--save-dir {cfg.save_dir} holds {flag} {path}: checkpoints are written and rotated "
-                        f"there; keep the inputs outside it")
-    return None
-
-
-def _same_file(a, b):
-    try:
-        return os.path.samefile(a, b)          # os.stat of both: (st_dev, st_ino) after symlinks
-    except OSError:                            # a does not exist (yet): it is no existing input
-        return False
-
-
-def _flag_name(field_name):
-    return "--" + field_name.replace("_", "-")
 
 
 def model_memory_error(sizes, cfg, num_ranks, ranks_on_node, grouping):
