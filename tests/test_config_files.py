@@ -540,3 +540,18 @@ def test_the_fp16_section_is_checked_whenever_the_run_is_fp16_and_its_keys_alway
     assert parse_args(["--deepspeed-config", window, "--dtype", "fp16"]).loss_scale_window == 50
     unknown = write(tmp_path, "unknown.json", {"fp16": {"enabled": False, "bogus": 1}})
     assert "fp16.bogus" in error_of(["--deepspeed-config", unknown])
+
+
+def test_deepspeed_mics_and_hpz_map_to_the_hierarchical_flags(tmp_path):
+    """MiCS's shard size is --shard-group (-1: off); an hpZ partition size > 1 is --hpz (1: off)."""
+    ds = write(tmp_path, "mics.json", {"zero_optimization": {"stage": 3, "mics_shard_size": 4}})
+    cfg = parse_args(["--config", ds], num_ranks=8)
+    assert (cfg.shard_group, cfg.hpz) == ("4", False)
+    ds = write(tmp_path, "hpz.json", {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8,
+                                                            "mics_shard_size": -1}})
+    cfg = parse_args(["--config", ds], num_ranks=8)
+    assert (cfg.shard_group, cfg.hpz) == ("world", True)
+    ds = write(tmp_path, "off.json", {"zero_optimization": {"zero_hpz_partition_size": 1}})
+    assert parse_args(["--config", ds]).hpz is False
+    ds = write(tmp_path, "bad.json", {"zero_optimization": {"mics_shard_size": "4"}})
+    assert "mics_shard_size" in error_of(["--config", ds])

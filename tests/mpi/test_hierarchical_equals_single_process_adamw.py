@@ -77,3 +77,21 @@ def test_model_state_divided_by_the_group(stage, grouping):
     assert kinds["grads"] == (full if stage == 1 else shard)
     secondary = full // grouping.hpz_node_size if grouping.hpz_node_size else 0
     assert kinds["params"] == (shard if stage == 3 else full) + secondary
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage,grouping", [(s, g) for s, g in GROUPINGS if g.shard_group or g.hpz_node_size < N]
+                         or GROUPINGS[-1:], ids=case_id)
+def test_the_gpu_path_within_mixed_tolerance(stage, grouping):
+    """On the GPU device's arithmetic and collectives (tests/support/device_stand_in.py: the GEMMs as
+    cuBLAS runs them, the fused AdamW, every collective staged through pinned host memory), with
+    gradient accumulation: bf16 within the mixed tolerance of single-process AdamW."""
+    from device_stand_in import StandInTensorCores
+    from zerompi.comm import Communicator
+    sizes = SIZES[0]
+    batches = make_batches(sizes, STEPS)
+    comm = Communicator(device=StandInTensorCores(), mpi_reads_device_memory=False)
+    engine, results = train_zero(stage, sizes, BF16, batches, comm, micro_batches=micro_batches_for(N),
+                                 grouping=grouping)
+    assert all(r.applied for r in results)
+    assert_within_mixed_tolerance(consolidated(engine), reference(sizes, BF16, batches)[0])

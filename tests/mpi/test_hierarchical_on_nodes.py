@@ -6,6 +6,7 @@ float64, 1e-12 relative, as test_zero_equals_single_process_adamw.py; uneven wid
 """
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from helpers import STEPS, consolidated, make_batches, reference, train_zero
 from test_zero_equals_single_process_adamw import SIZES, assert_close_f64, size_id
@@ -14,6 +15,9 @@ from zerompi.hierarchy import Grouping
 from zerompi.hierarchy.groups import node_size
 
 pytestmark = pytest.mark.mpi
+if MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_size() == MPI.COMM_WORLD.Get_size():
+    pytest.skip("runs across nodes (tests/test_hierarchy_on_nodes.py starts it on the emulated cluster)",
+                allow_module_level=True)
 
 
 def ranks_per_node():

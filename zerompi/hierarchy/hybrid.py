@@ -55,11 +55,18 @@ class HybridCollectives(Collectives):
 
 class CountOnce:
     """The owned gradients for the global norm, from the first replica only (the others hold
-    the same shards: counting them too would multiply the squared norm by R)."""
+    the same shards: counting them too would multiply the squared norm by R). The others hand in
+    one zero per layer (not an empty array: a GPU's sum of squares is a GEMM, which takes no
+    empty operand)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.not_counted = self.memory.alloc("work", "hybrid.not_counted", (1,), self.precision.storage)
 
     def grad_partition(self):
-        owned = super().grad_partition()
-        return owned if self.collectives.first_replica else [grad[:0] for grad in owned]
+        if self.collectives.first_replica:
+            return super().grad_partition()
+        return [self.not_counted] * len(self.layout.layers)
 
 
 class HybridStage1(CountOnce, Stage1):

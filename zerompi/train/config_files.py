@@ -25,6 +25,9 @@ such key:
     scheduler WarmupCosineLR (linear, from 0)       --warmup-steps, --steps total_num_steps, cosine,
                                                     --min-lr cos_min_ratio x lr
     zero_optimization.overlap_comm                  --overlap / --no-overlap
+    zero_optimization.mics_shard_size (-1: off)     --shard-group S (hybrid sharding, MiCS)
+    zero_optimization.zero_hpz_partition_size       --hpz when > 1 (1: off); the secondary
+                                                    partition is over the ranks of each node
     steps_per_print                                 --log-every
 
 "auto" (which Hugging Face Transformers and Accelerate fill in) means: what the command line says,
@@ -229,7 +232,8 @@ def deepspeed_flags(ds, path, command_line):
     leftovers("", ds, known | IGNORED)
 
     zero = typed(ds, "", "zero_optimization", OBJECT, path, {})
-    leftovers("zero_optimization.", zero, {"stage", "overlap_comm", "offload_optimizer", "offload_param"} | ZERO_IGNORED)
+    leftovers("zero_optimization.", zero, {"stage", "overlap_comm", "offload_optimizer", "offload_param",
+                                           "mics_shard_size", "zero_hpz_partition_size"} | ZERO_IGNORED)
     stage = typed(zero, "zero_optimization.", "stage", INTEGER, path)
     if stage is not None and stage not in (0, 1, 2, 3):
         unsupported.append(f"zero_optimization.stage={stage} (0, 1, 2 or 3)")
@@ -237,6 +241,12 @@ def deepspeed_flags(ds, path, command_line):
     overlap = typed(zero, "zero_optimization.", "overlap_comm", BOOLEAN, path)
     if overlap is not None:
         flags["--overlap" if overlap else "--no-overlap"] = None
+    shard_size = typed(zero, "zero_optimization.", "mics_shard_size", INTEGER, path)
+    if shard_size is not None and shard_size > 0:          # DeepSpeed's -1: off
+        put("--shard-group", shard_size)
+    hpz_size = typed(zero, "zero_optimization.", "zero_hpz_partition_size", INTEGER, path)
+    if hpz_size is not None and hpz_size > 1:              # 1: off
+        flags["--hpz"] = None
     for key in ("offload_optimizer", "offload_param"):
         device = typed(typed(zero, "zero_optimization.", key, OBJECT, path, {}), f"zero_optimization.{key}.",
                        "device", TEXT, path, "none")
