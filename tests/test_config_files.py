@@ -10,7 +10,9 @@ import os
 import pytest
 
 from test_cli import train_ok, load_weights
-from zerompi.train.config import ArgumentError, TrainConfig, device_choice, parse_args, resolve_batch
+from zerompi.train.batch_rule import resolve_batch
+from zerompi.train.config import TrainConfig, device_choice, parse_args
+from zerompi.train.errors import ArgumentError
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -280,7 +282,7 @@ def test_a_key_with_a_line_break_is_named_on_one_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The batch sizes: one rule (zerompi/train/config.py's resolve_batch) for flags, TOML and DeepSpeed
+# The batch sizes: one rule (zerompi/train/batch_rule.py's resolve_batch) for flags, TOML and DeepSpeed
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", range(1, 17))

@@ -17,11 +17,11 @@ from zerompi.memory import (
     hybrid_collectives,
     hybrid_model_state_bytes,
     inter_node_per_node,
-    main,
     model_state_bytes,
     ring_traffic_per_rank,
     wire_bytes,
 )
+from zerompi.memory.table import main
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

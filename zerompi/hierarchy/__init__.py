@@ -38,7 +38,7 @@ class Grouping:
         return f"{text} with hpZ ({self.hpz_node_size} per node)" if self.hpz_node_size else text
 
     def model_state_bytes(self, stage, num_params, num_ranks, bytes_per_param):
-        """zerompi/memory.py's model state per rank for this grouping."""
+        """zerompi.memory's model state per rank for this grouping."""
         if self.hybrid(num_ranks):
             return hybrid_model_state_bytes(stage, num_params, num_ranks, self.shard_group, bytes_per_param)
         if self.hpz_node_size:
@@ -46,7 +46,7 @@ class Grouping:
         return model_state_bytes(stage, num_params, num_ranks, bytes_per_param)
 
     def ring_collectives(self, stage, num_params, num_ranks, micro_batches=1):
-        """zerompi/memory.py's ring collectives of one step for this grouping."""
+        """zerompi.memory's ring collectives of one step for this grouping."""
         if self.hybrid(num_ranks):
             return hybrid_collectives(stage, num_params, num_ranks, self.shard_group, micro_batches)
         if self.hpz_node_size:

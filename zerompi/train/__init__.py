@@ -1,8 +1,10 @@
 """The command-line program around the ZeRO core: `mpirun -n N python -m zerompi.train`.
 
     run.py           setup, the training loop, the finish (held-out accuracy, weights, report)
-    config.py        TrainConfig, its command line and the batch-size rule; config_files.py: TOML
-                     and DeepSpeed JSON; environment.py: the variables read; version.py: --version
+    config.py        TrainConfig, its command line and its checks; config_files.py: TOML and
+                     DeepSpeed JSON; environment.py: the variables read; version.py: --version
+    batch_rule.py    the batch sizes: G = b x M x N  output_paths.py no output overwrites an input
+    errors.py        ArgumentError: a bad command line, one line
     data.py          data sets (the shipped digits in datasets/, synthetic, .npz) and batch order
     batches.py       this rank's rows of each micro-batch, gathered on the device
     schedule.py      learning-rate schedule           loss_scale.py   fp16 dynamic loss scaling

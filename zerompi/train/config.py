@@ -5,10 +5,10 @@ Each TrainConfig field is an `option(default, help, group, ...)`: build_parser t
 `--field-name` in its argument group, typed by its default (a bool becomes --x/--no-x, a tuple of
 widths a comma-separated list), with any `choices` argparse then enforces itself.
 
-The batch sizes are resolved in one place, resolve_batch, for flags, TOML and DeepSpeed files
-alike: global batch = micro-batch x accumulation x N, any two deciding the third as in DeepSpeed;
-with none given, a micro-batch of 16 rows per rank, so that any N runs (`mpirun -n 8`: the global
-batch of 128). --help and --version are answered before MPI starts (answer_without_mpi).
+The batch sizes are resolved in one place for flags, TOML and DeepSpeed files alike: batch_rule.py
+(global batch = micro-batch x accumulation x N, any two deciding the third). The output paths are
+checked against the inputs by output_paths.py. --help and --version are answered before MPI starts
+(answer_without_mpi).
 
 The defaults train the shipped handwritten digits with `mpirun -n 8 python -m zerompi.train` in well
 under a minute on 2 cores. Every check here runs identically on every rank (it depends only on the
@@ -17,27 +17,26 @@ communicating.
 """
 import argparse
 import math
-import os
 import textwrap
 from dataclasses import dataclass, field, fields
 
+from .batch_rule import DEFAULT_MICRO_BATCH, resolve_batch
 from .config_files import CommandLine, ConfigFileError, flags_from_file
 from .environment import ENVIRONMENT
+from .errors import ArgumentError
 from .launch import launcher_rank
+from .output_paths import output_overwrites_input
 from .version import version_text
-from ..checkpoint.files import replaces_checkpoint_file
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import EXIT_MEANINGS, ExitCode
 from ..inputs import check_fits
 from ..precision import DTYPE_NAMES, precision_for
-from .data import BUILTIN_DATA
 from .schedule import SCHEDULES
 
 
 COMM_CHOICES = ("mpi", "nccl")
 REPORT_CHOICES = ("table", "json", "none")
 PROGRESS_CHOICES = ("auto", "live", "lines")
-DEFAULT_MICRO_BATCH = 16      # rows per rank per micro-batch when no batch option is given
 
 # The argument groups; --help lists them in the order of TrainConfig's fields. The config files
 # come first (a file sets flags of every group); the collective guards are communication.
@@ -146,10 +145,6 @@ class TrainConfig:
                               "the tensorboard extra; zerompi/train/tensorboard.py)", OUTPUT, metavar="DIR")
     trace: str = option("", "write every rank's compute and communication spans to this Chrome trace .json "
                         "file (open it in https://ui.perfetto.dev)", OUTPUT, metavar="FILE")
-
-
-class ArgumentError(Exception):
-    """A bad command line; str(e) is the one-line message."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -326,97 +321,6 @@ def parse_args(argv, rank=0, num_ranks=1):
     return cfg
 
 
-# ----------------------------------------------------------------------------------------------
-# Batch sizes: global = micro-batch x accumulation x N, as DeepSpeed resolves train_batch_size,
-# train_micro_batch_size_per_gpu and gradient_accumulation_steps
-# ----------------------------------------------------------------------------------------------
-
-def resolve_batch(global_batch, micro_batch, accumulation, num_ranks):
-    """(global batch G, micro-batch b, accumulation M), G = b x M x N, from the batch options given
-    (None: not given): any two decide the third; only G: M = 1; only b or only M: the other of
-    the two is its default (M 1, b DEFAULT_MICRO_BATCH); none: b = DEFAULT_MICRO_BATCH, M = 1.
-    Raises ArgumentError, one line naming the nearest valid values."""
-    N = num_ranks
-    for flag, value in (("--batch-size", global_batch), ("--micro-batch-size", micro_batch),
-                        ("--grad-accum", accumulation)):
-        if value is not None and value <= 0:
-            raise ArgumentError(f"{flag} must be positive, got {value}")
-    if global_batch is None:
-        b = DEFAULT_MICRO_BATCH if micro_batch is None else micro_batch
-        M = 1 if accumulation is None else accumulation
-        return b * M * N, b, M
-    if micro_batch is None:
-        M = 1 if accumulation is None else accumulation
-        if global_batch % (N * M):
-            raise ArgumentError(_unsplittable(global_batch, N, M, accumulation is not None))
-        return global_batch, global_batch // (N * M), M
-    if accumulation is None:
-        if global_batch % (N * micro_batch):
-            raise ArgumentError(_no_whole_accumulation(global_batch, N, micro_batch))
-        return global_batch, micro_batch, global_batch // (N * micro_batch)
-    if global_batch != micro_batch * accumulation * N:
-        raise ArgumentError(f"--batch-size {global_batch}, --micro-batch-size {micro_batch} and --grad-accum "
-                            f"{accumulation} disagree on {_count(N, 'rank')}: {micro_batch} x {accumulation} x "
-                            f"{N} = {micro_batch * accumulation * N}; use --batch-size "
-                            f"{micro_batch * accumulation * N}, or give only two of the three")
-    return global_batch, micro_batch, accumulation
-
-
-def _unsplittable(G, N, M, accumulation_given):
-    """G rows do not split into M micro-batches on N ranks: the nearest global batches that do,
-    and the nearest accumulation that splits G (if given) or the per-rank micro-batch (if not)."""
-    options = [_either("--batch-size", _multiples_around(G, N * M))]
-    if accumulation_given:
-        near = _divisors_around(G // N, M) if G % N == 0 else []
-        if near:
-            options.append(_either("--grad-accum", near))
-    elif G // N:
-        options.append(f"--micro-batch-size {G // N} instead (a global batch of {G // N * N})")
-    return (f"--batch-size {G} cannot be split over {_count(N, 'rank')} x {_count(M, 'micro-batch')}: "
-            f"use {', or '.join(options)}")
-
-
-def _no_whole_accumulation(G, N, b):
-    """G rows are no whole number of micro-batches of b rows on N ranks: the nearest global
-    batches that are, and the nearest micro-batches that split G."""
-    options = [_either("--batch-size", _multiples_around(G, N * b))]
-    near = _divisors_around(G // N, b) if G % N == 0 else []
-    if near:
-        options.append(_either("--micro-batch-size", near))
-    return (f"--batch-size {G} is no whole number of micro-batches of {b} rows on {_count(N, 'rank')}: "
-            f"use {', or '.join(options)}")
-
-
-def _either(flag, values):
-    return f"{flag} {' or '.join(map(str, values))}"
-
-
-def _multiples_around(value, step):
-    """The multiples of step just below and just above value (below only where positive)."""
-    below = value // step * step
-    return [v for v in (below, below + step) if v > 0]
-
-
-MAX_DIVISOR_SEARCH = 10 ** 6       # trial divisions at most: a huge batch (a typo) gets no divisor advice
-
-
-def _divisors_around(value, near):
-    """The divisors of value nearest to `near`, the one below and the one above (where they exist);
-    none for a value with more than MAX_DIVISOR_SEARCH^2 rows (the divisors pair up below its root)."""
-    root = math.isqrt(value)
-    if root > MAX_DIVISOR_SEARCH:
-        return []
-    small = [d for d in range(1, root + 1) if value % d == 0]
-    divisors = sorted(set(small + [value // d for d in small]))
-    below = [d for d in divisors if d < near]
-    above = [d for d in divisors if d > near]
-    return below[-1:] + above[:1]
-
-
-def _count(n, noun):
-    return f"{n} {noun}" + ("" if n == 1 else ("es" if noun.endswith("batch") else "s"))
-
-
 def check_config(cfg, num_ranks):
     """The first problem with cfg for N = num_ranks, as a one-line message, or None."""
     if cfg.comm == "nccl" and cfg.device == "cpu":
@@ -469,61 +373,8 @@ def check_config(cfg, num_ranks):
     return overwrites
 
 
-OUTPUT_FLAGS = ("save_weights", "metrics", "trace", "tensorboard")
-INPUT_FLAGS = ("data", "init_weights", "config", "deepspeed_config")
-
-
-def output_overwrites_input(cfg):
-    """One line if an output (--save-weights, --metrics, --trace, --tensorboard) is an input (--data,
-    --init-weights, --config, --deepspeed-config) by any name: the same (st_dev, st_ino) where the
-    output exists, so symlinks and hard links count; or if --save-dir is or holds an input (by
-    real path); or if two outputs are one file; or if --tensorboard's folder is a checkpoint folder.
-    None if no output touches an input or another output."""
-    inputs = [(_flag_name(name), getattr(cfg, name)) for name in INPUT_FLAGS
-              if getattr(cfg, name) and os.path.exists(getattr(cfg, name))
-              and not (name == "data" and cfg.data in BUILTIN_DATA)]
-    for name in OUTPUT_FLAGS:
-        output = getattr(cfg, name)
-        for flag, path in inputs:
-            if output and _same_file(output, path):
-                return (f"{_flag_name(name)} {output} is {flag} {path}: writing it would destroy the input; "
-                        f"choose another path")
-    outputs = [(_flag_name(name), getattr(cfg, name)) for name in OUTPUT_FLAGS if getattr(cfg, name)]
-    for i, (flag, path) in enumerate(outputs):
-        for other_flag, other in outputs[i + 1:]:
-            if os.path.realpath(path) == os.path.realpath(other):    # symlinks followed, even to no file yet
-                return f"{flag} {path} and {other_flag} {other} are one file: give each output its own path"
-    resumed = cfg.resume if cfg.resume and cfg.resume != "latest" else None
-    for flag, path in outputs:
-        problem = ((cfg.save_dir and replaces_checkpoint_file(path, cfg.save_dir)) or
-                   (resumed and replaces_checkpoint_file(path, os.path.dirname(os.path.abspath(resumed)), resumed)))
-        if problem:
-            return f"{flag} {problem}: write it elsewhere"
-    if cfg.tensorboard and any(folder and os.path.realpath(cfg.tensorboard) == os.path.realpath(folder)
-                               for folder in (cfg.save_dir, resumed)):
-        return f"--tensorboard {cfg.tensorboard} is a checkpoint folder: write the events elsewhere"
-    if cfg.save_dir:
-        folder = os.path.realpath(cfg.save_dir)
-        for flag, path in inputs:
-            if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
-                return (f"--save-dir {cfg.save_dir} holds {flag} {path}: checkpoints are written and rotated "
-                        f"there; keep the inputs outside it")
-    return None
-
-
-def _same_file(a, b):
-    try:
-        return os.path.samefile(a, b)          # os.stat of both: (st_dev, st_ino) after symlinks
-    except OSError:                            # a does not exist (yet): it is no existing input
-        return False
-
-
-def _flag_name(field_name):
-    return "--" + field_name.replace("_", "-")
-
-
 def model_memory_error(sizes, cfg, num_ranks, ranks_on_node, grouping):
-    """One line if the MLP's parameters, gradients and Adam state per rank (zerompi/memory.py's
+    """One line if the MLP's parameters, gradients and Adam state per rank (zerompi.memory's
     formulas for cfg.stage, cfg.dtype and the grouping; activations and buffers come on top) need
     more memory than this process may still allocate, ranks_on_node sharing the node's; else None."""
     num_params = sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))

@@ -14,7 +14,7 @@ such key:
     zero_optimization.stage (0-3)                   --stage
     train_batch_size                                --batch-size      (global = micro x accumulation
     train_micro_batch_size_per_gpu                  --micro-batch-size    x N; any two decide the
-    gradient_accumulation_steps                     --grad-accum          third: config.py's one rule)
+    gradient_accumulation_steps                     --grad-accum          third: batch_rule.py)
     fp16.enabled / bf16.enabled                     --dtype fp16 / bf16 (fp32 master and Adam state)
     fp16.initial_scale_power, loss_scale_window,    --loss-scale 2^power, --loss-scale-window,
         min_loss_scale, loss_scale (0: dynamic)         --min-loss-scale; hysteresis 1 only
@@ -259,7 +259,7 @@ def deepspeed_flags(ds, path, command_line):
         value = typed(ds, "", key, INTEGER, path)
         if value is not None and value <= 0:
             raise ConfigFileError(f"{path}: {key}={value} must be a positive integer")
-        put(flag, value)                         # config.py resolves the three, like DeepSpeed
+        put(flag, value)                         # batch_rule.py resolves the three, like DeepSpeed
 
     fp16, bf16 = typed(ds, "", "fp16", OBJECT, path, {}), typed(ds, "", "bf16", OBJECT, path, {})
     leftovers("bf16.", bf16, {"enabled"})

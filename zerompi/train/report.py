@@ -3,7 +3,7 @@
 Measured (from zerompi/ledger.py): bytes of every buffer allocated, by kind; the OS peak RSS; the
 ring volume of every collective, counted from the buffer handed to MPI (elements, and bytes: 16-bit
 gradients are reduced in float32, so their bytes are 4 per element).
-Formulas (from zerompi/memory.py), with P, G, K from zerompi/precision.py (float32: 4, 4, 8 as m
+Formulas (from zerompi.memory), with P, G, K from zerompi/precision.py (float32: 4, 4, 8 as m
 and v; float64: 8, 8, 16; bf16 and fp16: 2, 2, 12 as the fp32 master, m and v):
 
     model state per rank   stage 0: (P+G+K) Psi   1: (P+G) Psi + K Psi/N   2: P Psi + (G+K) Psi/N
@@ -26,7 +26,7 @@ formula above, flat ZeRO:
                                    each node once per collective)
 
 Hybrid sharding and hpZ (zerompi/hierarchy/): the same rule over each of their rings (the shard
-groups, the replica groups, the nodes), and the memory formula of the variant (zerompi/memory.py).
+groups, the replica groups, the nodes), and the memory formula of the variant (zerompi.memory).
 
 Rank 0 gathers every rank's numbers with one buffer Gather and prints a table or JSON.
 """

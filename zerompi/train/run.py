@@ -59,9 +59,10 @@ from ..overlap import OverlapConfig
 from ..precision import Precision, precision_for
 from ..step import count_correct, train_step
 from .batches import MicroBatches
-from .config import ArgumentError, TrainConfig, check_config, device_choice, model_memory_error, parse_args
+from .config import TrainConfig, check_config, device_choice, model_memory_error, parse_args
 from .data import Dataset, load_data
 from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
+from .errors import ArgumentError
 from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler, loss_scale_error
 from .destination import live_progress

@@ -1,0 +1,216 @@
+"""`python -m zerompi.memory`: the model of zerompi.memory printed as tables.
+
+    --params Ψ [--ranks N ...]            per-GPU model-state memory of stages 0-3, one row per N (the
+                                          source article's table), then the per-GPU ring volume per step
+    --params Ψ --ranks-per-node L         across nodes, one row per node count k (N = kL): per-GPU memory
+               [--nodes k ...] [--shard-group S]
+                                          and the busiest node's inter-node bytes per step, for flat
+                                          ZeRO stages 0-3, hybrid sharding in groups of S (default L)
+                                          and stage 3 with hpZ
+
+Bytes per parameter from --precision (mixed, fp32) or --bytes P G K. Bad flags: one line,
+`zerompi: error: ...`, and exit status 2.
+"""
+
+import argparse
+import math
+import sys
+
+from . import (FP32, MIXED_PRECISION, STAGES, BytesPerParam, comm_elements_per_step, flat_collectives,
+               hpz_collectives, hpz_model_state_bytes, hybrid_collectives, hybrid_model_state_bytes,
+               inter_node_per_node, model_state_bytes, ring_traffic_per_rank, wire_bytes)
+from ..exit_codes import ExitCode
+
+STAGE_NAMES = ("Baseline", "Stage 1", "Stage 2", "Stage 3")
+DEFAULT_RANKS = (1, 4, 8, 16, 32, 64, 128)
+DEFAULT_NODES = (1, 2, 4, 8, 16)
+GB = 1e9
+
+def _model_size_name(num_params):
+    """7e9 -> '7B', 1.3e8 -> '130M'."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if num_params >= scale:
+            return f"{num_params / scale:g}{suffix}"
+    return f"{num_params:g}"
+
+
+def _parse_float(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _positive_float(text):
+    value = _parse_float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text):
+    value = _parse_float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def _rank_count(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, `zerompi: error: ...`, and exit status 2."""
+
+    def error(self, message):
+        print(f"zerompi: error: {message}", file=sys.stderr)
+        raise SystemExit(ExitCode.BAD_INPUT)
+
+
+def _build_parser():
+    parser = _Parser(
+        prog="python -m zerompi.memory",
+        description="Per-rank model-state memory and communication volume per step "
+                    "for ZeRO stages 0-3. Stage 0 is plain data parallelism; stages 1, 2 "
+                    "and 3 partition the optimizer state, + gradients, + parameters. "
+                    "With --ranks-per-node: the same across nodes, beside hybrid sharding "
+                    "and stage 3 with hpZ, and the bytes each node sends to the others.",
+    )
+    parser.add_argument("--params", type=_positive_float, required=True,
+                        help="number of model parameters Ψ, e.g. 7e9")
+    parser.add_argument("--ranks", type=_rank_count, nargs="+",
+                        metavar="N", help="data-parallel rank counts, one table row each "
+                                          "(default: " + " ".join(map(str, DEFAULT_RANKS)) + ")")
+    bytes_choice = parser.add_mutually_exclusive_group()
+    bytes_choice.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
+                              help="mixed: P=2 G=2 K=12 (fp16 params/grads, fp32 master+m+v); "
+                                   "fp32: P=4 G=4 K=8 (default: %(default)s)")
+    bytes_choice.add_argument("--bytes", type=_non_negative_float, nargs=3, metavar=("P", "G", "K"),
+                              help="bytes per parameter of parameter, gradient and optimizer "
+                                   "state, overriding --precision")
+    nodes = parser.add_argument_group(
+        "across nodes", "Print per-rank memory and the inter-node bytes per node per step of stages "
+                        "0-3 over all ranks (flat), hybrid sharding (stages 1-3 inside groups of S "
+                        "consecutive ranks, replicas across the groups) and stage 3 with hpZ (a "
+                        "secondary copy of the parameters sharded over each node), ranks placed in "
+                        "blocks of L per node, one row per node count. Ring model: a rank's bytes "
+                        "cross nodes when its successor in the ring is on another node.")
+    nodes.add_argument("--ranks-per-node", type=_rank_count, metavar="L",
+                       help="ranks per node: print the tables across nodes instead of the --ranks ones")
+    nodes.add_argument("--nodes", type=_rank_count, nargs="+", metavar="k",
+                       help="node counts, one row each (N = k L ranks; default: "
+                            + " ".join(map(str, DEFAULT_NODES)) + ")")
+    nodes.add_argument("--shard-group", type=_rank_count, metavar="S",
+                       help="ranks per group of hybrid sharding, dividing every row's N "
+                            "(default: L, one node)")
+    return parser
+
+
+def _check_args(parser, args):
+    """Errors of flags that only make sense together, and group sizes that do not divide N."""
+    if args.ranks_per_node is None:
+        for flag, value in (("--nodes", args.nodes), ("--shard-group", args.shard_group)):
+            if value is not None:
+                parser.error(f"{flag} needs --ranks-per-node")
+        return
+    if args.ranks is not None:
+        parser.error("--ranks and --ranks-per-node exclude each other: "
+                     "with --ranks-per-node the rows are --nodes")
+    group = args.shard_group or args.ranks_per_node
+    for k in args.nodes or DEFAULT_NODES:
+        if (k * args.ranks_per_node) % group:
+            parser.error(f"--shard-group {group} does not divide N = {k * args.ranks_per_node} "
+                         f"(--nodes {k} x --ranks-per-node {args.ranks_per_node})")
+
+
+def _print_flat_tables(psi, ranks, b):
+    """The per-GPU memory of stages 0-3 (the source article's table) and the per-GPU ring volume."""
+    # Communicated tensors (grads, params) are sent in the parameter dtype.
+    bytes_per_element = b.param
+    header = f"{'GPUs':>6}{STAGE_NAMES[0]:>12}" + "".join(f"{n:>11}" for n in STAGE_NAMES[1:])
+    print(f"Per-GPU memory (GB) for a {_model_size_name(psi)} parameter model")
+    print(header)
+    print("-" * 52)
+    for n in ranks:
+        total_gb = [model_state_bytes(s, psi, n, b)["total"] / GB for s in STAGES]
+        print(f"{n:>6}{total_gb[0]:>11.1f}G" + "".join(f"{x:>10.1f}G" for x in total_gb[1:]))
+
+    print()
+    print(f"Per-GPU communication per step, ring (elements / GB "
+          f"at {bytes_per_element:g} bytes per element, the paper's model; zerompi itself reduces "
+          f"16-bit gradients in float32, 4 bytes)")
+    print(f"{'GPUs':>6}" + "".join(f"{n:>18}" for n in STAGE_NAMES))
+    print("-" * 78)
+    for n in ranks:
+        cells = []
+        for s in STAGES:
+            elements = comm_elements_per_step(s, psi, n)
+            cells.append(f"{elements / 1e9:.2f}e9 / {elements * bytes_per_element / GB:.1f}G")
+        print(f"{n:>6}" + "".join(f"{c:>18}" for c in cells))
+
+
+def _variants(psi, n, ranks_per_node, group, b):
+    """(model state bytes per rank, collectives per step) of each column across nodes, in order:
+    flat stages 0-3, hybrid stages 1-3, stage 3 with hpZ."""
+    return ([(model_state_bytes(s, psi, n, b), flat_collectives(s, psi, n)) for s in STAGES] +
+            [(hybrid_model_state_bytes(s, psi, n, group, b), hybrid_collectives(s, psi, n, group))
+             for s in STAGES[1:]] +
+            [(hpz_model_state_bytes(psi, n, ranks_per_node, b), hpz_collectives(psi, n, ranks_per_node))])
+
+
+def _print_node_tables(psi, ranks_per_node, node_counts, group, b):
+    """Per-GPU memory and the busiest node's inter-node bytes per step, one column per variant."""
+    titles = (f"{'flat: ZeRO over all N GPUs':^32}{f'hybrid: groups of {group}':^24}{'hpZ':>8}\n"
+              f"{'nodes':>5}{'GPUs':>6}" + "".join(f"{f'Stage {s}':>8}" for s in STAGES + STAGES[1:] + (3,)))
+    rows = [(k, k * ranks_per_node, _variants(psi, k * ranks_per_node, ranks_per_node, group, b))
+            for k in node_counts]
+
+    print(f"Per-GPU memory (GB) for a {_model_size_name(psi)} parameter model, "
+          f"{ranks_per_node} GPUs per node")
+    print(" " * 11 + titles)
+    print("-" * 75)
+    for k, n, variants in rows:
+        print(f"{k:>5}{n:>6}" + "".join(f"{state['total'] / GB:>7.1f}G" for state, _ in variants))
+
+    print()
+    print("Inter-node traffic per node per step (GB the busiest node sends to other nodes, ring model)")
+    print(f"gradients at G={b.grad:g} and parameters at P={b.param:g} bytes per element "
+          f"(zerompi itself reduces 16-bit gradients in float32)")
+    print(" " * 11 + titles)
+    print("-" * 75)
+    for k, n, variants in rows:
+        cells = []
+        for _, collectives in variants:
+            traffic = ring_traffic_per_rank(collectives, n, ranks_per_node)
+            per_node = inter_node_per_node(traffic, ranks_per_node)
+            cells.append(max(wire_bytes(node, b) for node in per_node) / GB)
+        print(f"{k:>5}{n:>6}" + "".join(f"{x:>7.1f}G" for x in cells))
+
+
+def main(argv=None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    if args.bytes is not None:
+        b = BytesPerParam(*args.bytes)
+        bytes_name = "from --bytes"
+    elif args.precision == "fp32":
+        b, bytes_name = FP32, "fp32 Adam"
+    else:
+        b, bytes_name = MIXED_PRECISION, "mixed-precision Adam"
+
+    print(f"Bytes per parameter: P={b.param:g} G={b.grad:g} K={b.optimizer:g} ({bytes_name})")
+    print()
+    if args.ranks_per_node is None:
+        _print_flat_tables(args.params, args.ranks or DEFAULT_RANKS, b)
+    else:
+        _print_node_tables(args.params, args.ranks_per_node, args.nodes or DEFAULT_NODES,
+                           args.shard_group or args.ranks_per_node, b)
+    return 0
+
