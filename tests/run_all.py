@@ -2,6 +2,7 @@
 
     1. single-process tests:              python -m pytest tests          (MPI and Slurm tests skip)
     2. the Slurm tests:                   python -m pytest tests/test_local_slurm.py tests/test_slurm.py
+                                          tests/test_slurm_multi_node.py, one after the other (one /etc/slurm)
                                           (they skip without ZEROMPI_LOCAL_SLURM=1, root and Slurm)
     3. multi-rank tests, for N in 1 2 3 4 8:
                                           mpirun -n N python tests/support/mpi_launch.py --with-mpi tests/mpi
@@ -24,7 +25,8 @@ ROOT = os.path.dirname(HERE)
 RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
 SINGLE_LIMIT_SECONDS = 2400        # about 1100 tests, many launching real MPI jobs: about 19 min on 2 cores
-SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py"]     # in this order: see test_local_slurm.py
+SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py",      # in this order: see test_local_slurm.py
+               "tests/test_slurm_multi_node.py"]
 
 
 def mpirun():
