@@ -25,6 +25,7 @@ ROOT = os.path.dirname(HERE)
 RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
 SINGLE_LIMIT_SECONDS = 2400        # about 1100 tests, many launching real MPI jobs: about 19 min on 2 cores
+SLURM_LIMIT_SECONDS = 900          # three files of real Slurm jobs: about 10 min with the 2 cores busy
 SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py",      # in this order: see test_local_slurm.py
                "tests/test_slurm_multi_node.py"]
 
@@ -108,7 +109,7 @@ def summary(totals):
 def main():
     pytest = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=15"]      # the slowest, to keep the suite fast
     runs = [("single-process", pytest + [f"--ignore={path}" for path in SLURM_TESTS] + ["tests"], SINGLE_LIMIT_SECONDS),
-            ("slurm", pytest + SLURM_TESTS, LIMIT_SECONDS)]
+            ("slurm", pytest + SLURM_TESTS, SLURM_LIMIT_SECONDS)]
     for n in RANK_COUNTS:
         runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
                                     "-q", "-rs", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"],

@@ -177,11 +177,21 @@ def namespace(path):
 
 
 @pytest.mark.timeout(180)
-def test_across_an_emulated_cluster_each_daemon_runs_on_its_node_and_stop_ends_them_all(local_slurm_stopped):
+def test_across_an_emulated_cluster_each_daemon_runs_on_its_node_and_stop_ends_them_all(local_slurm_stopped,
+                                                                                        tmp_path):
+    """slurmctld on node 1 and a slurmd on each node, each in the node's network namespace with its
+    hostname; stop ends them all, and a job step still running on both nodes."""
     with open(CONF, "wb") as f:
         f.write(PLANTED)
     with emulated_cluster(number=2, nodes=2) as cluster:
         subprocess.run([LOCAL_SLURM, "start", "--cluster", "2"], check=True, timeout=120)
+        sleep = f"{shutil.which('sleep')} {600 + os.getpid() % 1000}"     # a sleep that only this test runs
+        subprocess.run(cluster.on_node(1, ["sbatch", "--nodes=2", "--ntasks-per-node=1", "--wrap", f"srun {sleep}"]),
+                       cwd=tmp_path, check=True, timeout=60, capture_output=True)
+        deadline = time.time() + 60
+        while len(subprocess.run(["pgrep", "-f", f"^{sleep}$"], capture_output=True).stdout.split()) < 2:
+            assert time.time() < deadline, "the job's step never started on both nodes"
+            time.sleep(0.2)
         on_node = {int(open(os.path.join(STATE, "slurmctld.pid")).read()): 1}
         for i in (1, 2):
             on_node[int(open(os.path.join(STATE, f"slurmd.{cluster.node_name(i)}.pid")).read())] = i
@@ -195,6 +205,7 @@ def test_across_an_emulated_cluster_each_daemon_runs_on_its_node_and_stop_ends_t
         while any(alive(pid) for pid in on_node) and time.time() < deadline:
             time.sleep(0.1)
         assert not any(alive(pid) for pid in on_node), on_node
+        assert not subprocess.run(["pgrep", "-f", f"^{sleep}$"], capture_output=True).stdout
     assert open(CONF, "rb").read() == PLANTED and not os.path.exists(STATE)
 
 
