@@ -2,6 +2,7 @@
 
     1. single-process tests:              python -m pytest tests          (MPI and Slurm tests skip)
     2. the Slurm tests:                   python -m pytest tests/test_local_slurm.py tests/test_slurm.py
+                                          tests/test_slurm_multi_node.py, one after the other (one /etc/slurm)
                                           (they skip without ZEROMPI_LOCAL_SLURM=1, root and Slurm)
     3. multi-rank tests, for N in 1 2 3 4 8:
                                           mpirun -n N python tests/support/mpi_launch.py --with-mpi tests/mpi
@@ -24,7 +25,9 @@ ROOT = os.path.dirname(HERE)
 RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
 SINGLE_LIMIT_SECONDS = 2400        # about 1100 tests, many launching real MPI jobs: about 19 min on 2 cores
-SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py"]     # in this order: see test_local_slurm.py
+SLURM_LIMIT_SECONDS = 1200         # three files of real Slurm jobs: 14.7 min measured with the 2 cores shared
+SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py",      # in this order: see test_local_slurm.py
+               "tests/test_slurm_multi_node.py"]
 
 
 def mpirun():
@@ -106,7 +109,7 @@ def summary(totals):
 def main():
     pytest = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=15"]      # the slowest, to keep the suite fast
     runs = [("single-process", pytest + [f"--ignore={path}" for path in SLURM_TESTS] + ["tests"], SINGLE_LIMIT_SECONDS),
-            ("slurm", pytest + SLURM_TESTS, LIMIT_SECONDS)]
+            ("slurm", pytest + SLURM_TESTS, SLURM_LIMIT_SECONDS)]
     for n in RANK_COUNTS:
         runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
                                     "-q", "-rs", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"],

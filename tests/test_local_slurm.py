@@ -5,6 +5,8 @@
     `stop` ends the daemons it started, by their pids: a process named slurmd it did not start survives
     `stop` ends a job still running (its slurmstepd works in the script's folder)
     `start` refuses to run next to a slurmctld it did not start, and then touches nothing
+    `start --cluster C` runs slurmctld on the emulated cluster's node 1 and one slurmd on each node, each
+    in its node's network namespace with its hostname; `stop` ends them all; a cluster without nodes is refused
 
 Run under the same conditions as tests/test_slurm.py (ZEROMPI_LOCAL_SLURM=1, root, Slurm installed),
 before it (file order): the local Slurm must not be running when these start.
@@ -16,6 +18,7 @@ import time
 
 import pytest
 
+from support.cluster import Cluster, emulated_cluster
 from test_slurm import LOCAL_SLURM, skip_without_local_slurm
 
 STATE = "/run/zerompi-local-slurm"          # local_slurm.sh: what it started and replaced
@@ -40,7 +43,8 @@ def local_slurm_stopped():
 
 
 def pids_started():
-    return {name: int(open(os.path.join(STATE, f"{name}.pid")).read()) for name in ("munged", "slurmctld", "slurmd")}
+    return {name: int(open(os.path.join(STATE, f"{name}.pid")).read())
+            for name in ("munged", "slurmctld", "slurmd.localhost")}
 
 
 def alive(pid):
@@ -165,3 +169,51 @@ def test_start_refuses_next_to_a_slurmctld_it_did_not_start_and_touches_nothing(
     finally:
         other.kill()
         other.wait()
+
+
+def namespace(path):
+    """The identity of a namespace (a /proc/PID/ns/* file or a /run/netns/* entry)."""
+    return os.stat(path).st_ino
+
+
+@pytest.mark.timeout(180)
+def test_across_an_emulated_cluster_each_daemon_runs_on_its_node_and_stop_ends_them_all(local_slurm_stopped,
+                                                                                        tmp_path):
+    """slurmctld on node 1 and a slurmd on each node, each in the node's network namespace with its
+    hostname; stop ends them all, and a job step still running on both nodes."""
+    with open(CONF, "wb") as f:
+        f.write(PLANTED)
+    with emulated_cluster(number=2, nodes=2) as cluster:
+        subprocess.run([LOCAL_SLURM, "start", "--cluster", "2"], check=True, timeout=120)
+        sleep = f"{shutil.which('sleep')} {600 + os.getpid() % 1000}"     # a sleep that only this test runs
+        subprocess.run(cluster.on_node(1, ["sbatch", "--nodes=2", "--ntasks-per-node=1", "--wrap", f"srun {sleep}"]),
+                       cwd=tmp_path, check=True, timeout=60, capture_output=True)
+        deadline = time.time() + 60
+        while len(subprocess.run(["pgrep", "-f", f"^{sleep}$"], capture_output=True).stdout.split()) < 2:
+            assert time.time() < deadline, "the job's step never started on both nodes"
+            time.sleep(0.2)
+        on_node = {int(open(os.path.join(STATE, "slurmctld.pid")).read()): 1}
+        for i in (1, 2):
+            on_node[int(open(os.path.join(STATE, f"slurmd.{cluster.node_name(i)}.pid")).read())] = i
+        for pid, i in on_node.items():
+            assert namespace(f"/proc/{pid}/ns/net") == namespace(f"/run/netns/{cluster.node_name(i)}"), (pid, i)
+            hostname = subprocess.run(["nsenter", f"--uts=/proc/{pid}/ns/uts", "hostname"], capture_output=True,
+                                      text=True, check=True, timeout=10).stdout.strip()
+            assert hostname == cluster.node_name(i), (pid, hostname)
+        subprocess.run([LOCAL_SLURM, "stop"], check=True, timeout=60)
+        deadline = time.time() + 10
+        while any(alive(pid) for pid in on_node) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in on_node), on_node
+        assert not subprocess.run(["pgrep", "-f", f"^{sleep}$"], capture_output=True).stdout
+    assert open(CONF, "rb").read() == PLANTED and not os.path.exists(STATE)
+
+
+@pytest.mark.timeout(60)
+def test_start_on_an_emulated_cluster_without_nodes_is_refused_and_touches_nothing(local_slurm_stopped):
+    assert not Cluster(9).nodes(), "emulated cluster 9 is up: this test needs it absent"
+    with open(CONF, "wb") as f:
+        f.write(PLANTED)
+    result = subprocess.run([LOCAL_SLURM, "start", "--cluster", "9"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "emulated cluster 9 has no nodes" in result.stderr, result.stderr
+    assert open(CONF, "rb").read() == PLANTED and not os.path.exists(STATE)
