@@ -125,14 +125,17 @@ class Cluster:
     def mpiexec_command(self, ppn, command, num_nodes=None):
         """MPICH's mpiexec across the first num_nodes nodes (all by default), started on node 1,
         ppn ranks per node."""
-        nodes = self.nodes()[:num_nodes]
+        return self.mpiexec_placed([ppn] * len(self.nodes()[:num_nodes]), command)
+
+    def mpiexec_placed(self, ranks_per_node, command):
+        """MPICH's mpiexec, started on node 1, with ranks_per_node[i] ranks on node i + 1, in
+        blocks (e.g. [3, 1]: ranks 0-2 on node 1, rank 3 on node 2)."""
+        nodes = self.nodes()[:len(ranks_per_node)]
         mpiexec = shutil.which("mpiexec") or "mpiexec"
-        hosts = ",".join(self.node_address(i) for i in nodes)
+        hosts = ",".join(f"{self.node_address(i)}:{ranks}" for i, ranks in zip(nodes, ranks_per_node))
         return self.on_node(nodes[0], [mpiexec, "-launcher", "ssh", "-launcher-exec", NODE_SHELL,
                                        "-iface", "eth0", "-genv", "UCX_TLS", "tcp",
-                                       "-hosts", hosts, "-ppn", str(ppn),
-                                       "-n", str(ppn * len(nodes))] + list(command))
-
+                                       "-hosts", hosts, "-n", str(sum(ranks_per_node))] + list(command))
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -6,8 +6,8 @@
     --hpz                    stage 3 with a secondary partition over the ranks of each node
 
 `grouping_error` checks what the flags alone decide (on every rank alike, before MPI work);
-`resolve_grouping` asks MPI where the ranks are (collective) and returns the Grouping, or the
-first problem as one line.
+`resolve_grouping` reads where the ranks are (the node map every rank holds, zerompi/nodes.py)
+and returns the Grouping, or the first problem as one line, the same on every rank.
 """
 from ..hierarchy import FLAT, Grouping
 from ..hierarchy.groups import node_size, shard_group_error
@@ -37,8 +37,8 @@ def grouping_error(cfg, num_ranks):
 
 
 def resolve_grouping(cfg, comm):
-    """(Grouping, error): collective where the node matters (`node`, --hpz: every rank learns
-    its node's ranks)."""
+    """(Grouping, error), the same on every rank; where the node matters (`node`, --hpz) from
+    the communicator's node map."""
     if cfg.shard_group.isdigit():
         return Grouping(shard_group=int(cfg.shard_group)), None
     if cfg.shard_group == WORLD and not cfg.hpz:
