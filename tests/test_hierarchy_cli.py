@@ -2,6 +2,7 @@
 one rank, exit 2, on every placement (zerompi/hierarchy/groups.py node_size), never a traceback
 or a hang; first with fake node maps, then on the emulated cluster's nodes, placed unevenly.
 """
+import os
 import sys
 from types import SimpleNamespace
 
@@ -54,3 +55,29 @@ def test_uneven_nodes_stop_with_one_line_on_the_emulated_cluster(emulated_cluste
     lines = [line for line in result.stderr.splitlines() if line.startswith("zerompi: error:")]
     assert len(lines) == 1, result.stderr[-3000:]
     assert f"{placement[0]}, {placement[1]} ranks" in lines[0]
+
+
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "split_guards_driver.py")
+
+
+def run_driver(kind, timeout=60):
+    """tests/support/split_guards_driver.py on 4 ranks; its own process group, killed whole at the timeout."""
+    return run_launcher(["mpirun", "-n", "4", sys.executable, DRIVER, kind], timeout=timeout)
+
+
+@pytest.mark.timeout(90)
+def test_a_mismatch_inside_one_group_ends_the_job_with_one_line_naming_the_jobs_ranks():
+    result = run_driver("mismatch")
+    assert result.returncode == ExitCode.COLLECTIVE_MISMATCH, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("zerompi: error:")]
+    assert len(lines) == 1 and "rank 2: allreduce of 10 " in lines[0] and "rank 3: allreduce of 12 " in lines[0]
+    assert "went past" not in result.stdout
+
+
+@pytest.mark.timeout(90)
+def test_a_collective_timeout_in_a_group_is_one_line_naming_the_jobs_rank():
+    result = run_driver("stop")
+    assert result.returncode == ExitCode.COLLECTIVE_TIMEOUT, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("zerompi: error:")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("zerompi: error: rank 0 waited")   # the lowest waiting rank of the job
