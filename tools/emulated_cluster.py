@@ -137,6 +137,13 @@ class Cluster:
                                        "-iface", "eth0", "-genv", "UCX_TLS", "tcp",
                                        "-hosts", hosts, "-n", str(sum(ranks_per_node))] + list(command))
 
+def ranks(text):
+    """--ppn: a number of ranks, at least one."""
+    if not text.lstrip("-").isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a number of ranks >= 1, got {text}")
+    return int(text)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cluster", type=int, default=0, help="the cluster's number, 0-99 (default 0)")
@@ -149,7 +156,7 @@ def main(argv=None):
     sub.add_parser("down", help="remove everything `up` created")
     sub.add_parser("list", help="the nodes that exist, with their addresses")
     p_mpi = sub.add_parser("mpiexec", help="mpiexec across all nodes (MPICH), from node 1")
-    p_mpi.add_argument("--ppn", type=int, default=2, help="ranks per node")
+    p_mpi.add_argument("--ppn", type=ranks, default=2, help="ranks per node")
     p_mpi.add_argument("command", nargs=argparse.REMAINDER)
     p_on = sub.add_parser("on", help="run a command on one node")
     p_on.add_argument("node", type=int)
@@ -171,8 +178,12 @@ def main(argv=None):
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             raise SystemExit("emulated_cluster: give the command after --")
-        if not cluster.nodes():
+        nodes = cluster.nodes()
+        if not nodes:
             raise SystemExit(f"emulated_cluster: cluster {args.cluster} has no nodes: run `up` first")
+        if args.action == "on" and args.node not in nodes:
+            raise SystemExit(f"emulated_cluster: node {args.node} is not up in cluster {args.cluster} "
+                             f"(nodes: {', '.join(map(str, nodes))})")
         full = (cluster.mpiexec_command(args.ppn, command) if args.action == "mpiexec"
                 else cluster.on_node(args.node, command))
         os.execvp(full[0], full)
