@@ -11,6 +11,8 @@ import pytest
 from support.cluster import run_launcher
 from zerompi.exit_codes import ExitCode
 from zerompi.hierarchy.groups import node_size
+from zerompi.train.config import parse_args
+from zerompi.train.grouping import grouping_error
 
 
 def size_and_error(node_of_rank):
@@ -81,3 +83,10 @@ def test_a_collective_timeout_in_a_group_is_one_line_naming_the_jobs_rank():
     lines = [line for line in result.stderr.splitlines() if line.startswith("zerompi: error:")]
     assert len(lines) == 1, result.stderr[-3000:]
     assert lines[0].startswith("zerompi: error: rank 0 waited")   # the lowest waiting rank of the job
+
+
+@pytest.mark.parametrize("spec", ["²", "٤", "4²", "+4", " 4"])
+def test_a_group_size_of_other_digits_is_one_line(spec):
+    """str.isdigit() takes '²' and '٤': --shard-group takes ASCII digits only (int('²') raises)."""
+    message = grouping_error(parse_args(["--shard-group", spec], 0, 8), 8)
+    assert message == f"--shard-group must be world, node or a number of ranks, got {spec!r}"
