@@ -87,18 +87,27 @@ class Cluster:
                 run("ip", "-n", ns, "addr", "add", f"{self.node_address(i)}/24", "dev", "eth0")
                 run("ip", "-n", ns, "link", "set", "eth0", "up")
                 run("ip", "-n", ns, "link", "set", "lo", "up")
-            self.shape(rate, delay)
+            problem = self.shape_or_problem(rate, delay)
         except subprocess.CalledProcessError as e:
             self.down()
             raise SystemExit(f"emulated_cluster: {' '.join(e.cmd)} failed: {e.stderr.strip()}")
-        except BaseException:                # shaping refused, Ctrl-C: nothing is left half-made
+        except BaseException:                # Ctrl-C: nothing is left half-made
             self.down()
             raise
+        if problem:                          # shaping refused: nothing is left half-made either
+            self.down()
+            raise SystemExit(f"{problem}; cluster {self.c} was not made")
 
     def shape(self, rate="", delay=""):
         """What leaves each node over eth0: at most `rate` (tc's tbf, a 256 kB burst), `delay`
         later (netem, where the kernel has it). Neither: unshaped. Every node alike: when tc
         refuses the shaping on one node, every node is left unshaped, never some of them shaped."""
+        problem = self.shape_or_problem(rate, delay)
+        if problem:
+            raise SystemExit(f"{problem}; the link is left unshaped")
+
+    def shape_or_problem(self, rate="", delay=""):
+        """`shape`, returning tc's refusal as one line (every node then unshaped), or None."""
         for i in self.nodes():
             ns = self.node_name(i)
             run("tc", "-n", ns, "qdisc", "del", "dev", "eth0", "root", check=False)
@@ -112,8 +121,8 @@ class Cluster:
             if done.returncode:
                 self.shape()
                 hint = " (this kernel has no netem: --rate alone works, with tbf)" if delay else ""
-                raise SystemExit(f"emulated_cluster: tc {' '.join(qdisc)}: {done.stderr.strip()}{hint}; "
-                                 f"the link is left unshaped")
+                return f"emulated_cluster: tc {' '.join(qdisc)}: {done.stderr.strip()}{hint}"
+        return None
 
     def down(self):
         """Remove every namespace and link of this cluster (whatever is left of them)."""
