@@ -1,10 +1,11 @@
 """Hybrid sharding and hpZ at the edges of the hot loop: nothing allocated per step, in float32
-and bf16 (the replica all-reduce of a 16-bit shard goes through float32 staging), with and without
-micro-batches; the same measurement as test_allocations_within_stage_bounds.py (tracemalloc's
-NumPy domain), with the groupings of zerompi/hierarchy/ at any N: S = 1 and S = N/2 (when N is
-even), hpZ with L = 1 and L = N. A step may allocate and free TRANSIENT bytes, or what the flat
-stage's step does where that is more (NumPy's casting buffers when backward adds a bf16
-micro-batch's gradient: about 68 kB); no array it allocates stays alive.
+and in bf16 with two micro-batches (the replica all-reduce of a 16-bit shard goes through float32
+staging, an accumulating reduce-scatter through the group's partial sum); the same measurement
+as test_allocations_within_stage_bounds.py (tracemalloc's NumPy domain), with the groupings of
+zerompi/hierarchy/ at any N: S = 1 and S = N/2 (when N is even), hpZ with L = 1 and L = N. A
+step may allocate and free TRANSIENT bytes, or what the flat stage's step does where that is
+more (NumPy's casting buffers when backward adds a bf16 micro-batch's gradient: about 68 kB);
+no array it allocates stays alive.
 """
 import tracemalloc
 
@@ -58,12 +59,12 @@ def measure(stage, grouping, dtype, micro_batches):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("micro_batches", [1, 2])
-@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("dtype,micro_batches", [("float32", 1), ("bf16", 2)])
 @pytest.mark.parametrize("stage,grouping", GROUPINGS, ids=case_id)
 def test_hierarchical_steps_allocate_nothing(stage, grouping, dtype, micro_batches):
     alive, transient = measure(stage, grouping, dtype, micro_batches)
-    _, flat_transient = measure(stage, Grouping(), dtype, micro_batches)
     assert alive == 0, f"NumPy arrays a step allocated and left alive: {alive} B"
-    assert transient <= max(TRANSIENT, flat_transient), (
-        f"a step allocated {transient} B and freed it; the flat stage's step {flat_transient} B")
+    if transient > TRANSIENT:                 # allowed where the flat stage's step does as much
+        _, flat_transient = measure(stage, Grouping(), dtype, micro_batches)
+        assert transient <= flat_transient, (
+            f"a step allocated {transient} B and freed it; the flat stage's step {flat_transient} B")
