@@ -87,18 +87,27 @@ class Cluster:
                 run("ip", "-n", ns, "addr", "add", f"{self.node_address(i)}/24", "dev", "eth0")
                 run("ip", "-n", ns, "link", "set", "eth0", "up")
                 run("ip", "-n", ns, "link", "set", "lo", "up")
-            self.shape(rate, delay)
+            problem = self.shape_or_problem(rate, delay)
         except subprocess.CalledProcessError as e:
             self.down()
             raise SystemExit(f"emulated_cluster: {' '.join(e.cmd)} failed: {e.stderr.strip()}")
-        except BaseException:                # shaping refused, Ctrl-C: nothing is left half-made
+        except BaseException:                # Ctrl-C: nothing is left half-made
             self.down()
             raise
+        if problem:                          # shaping refused: nothing is left half-made either
+            self.down()
+            raise SystemExit(f"{problem}; cluster {self.c} was not made")
 
     def shape(self, rate="", delay=""):
         """What leaves each node over eth0: at most `rate` (tc's tbf, a 256 kB burst), `delay`
         later (netem, where the kernel has it). Neither: unshaped. Every node alike: when tc
         refuses the shaping on one node, every node is left unshaped, never some of them shaped."""
+        problem = self.shape_or_problem(rate, delay)
+        if problem:
+            raise SystemExit(f"{problem}; the link is left unshaped")
+
+    def shape_or_problem(self, rate="", delay=""):
+        """`shape`, returning tc's refusal as one line (every node then unshaped), or None."""
         for i in self.nodes():
             ns = self.node_name(i)
             run("tc", "-n", ns, "qdisc", "del", "dev", "eth0", "root", check=False)
@@ -112,8 +121,8 @@ class Cluster:
             if done.returncode:
                 self.shape()
                 hint = " (this kernel has no netem: --rate alone works, with tbf)" if delay else ""
-                raise SystemExit(f"emulated_cluster: tc {' '.join(qdisc)}: {done.stderr.strip()}{hint}; "
-                                 f"the link is left unshaped")
+                return f"emulated_cluster: tc {' '.join(qdisc)}: {done.stderr.strip()}{hint}"
+        return None
 
     def down(self):
         """Remove every namespace and link of this cluster (whatever is left of them)."""
@@ -125,13 +134,23 @@ class Cluster:
     def mpiexec_command(self, ppn, command, num_nodes=None):
         """MPICH's mpiexec across the first num_nodes nodes (all by default), started on node 1,
         ppn ranks per node."""
-        nodes = self.nodes()[:num_nodes]
+        return self.mpiexec_placed([ppn] * len(self.nodes()[:num_nodes]), command)
+
+    def mpiexec_placed(self, ranks_per_node, command):
+        """MPICH's mpiexec, started on node 1, with ranks_per_node[i] ranks on node i + 1, in
+        blocks (e.g. [3, 1]: ranks 0-2 on node 1, rank 3 on node 2)."""
+        nodes = self.nodes()[:len(ranks_per_node)]
         mpiexec = shutil.which("mpiexec") or "mpiexec"
-        hosts = ",".join(self.node_address(i) for i in nodes)
+        hosts = ",".join(f"{self.node_address(i)}:{ranks}" for i, ranks in zip(nodes, ranks_per_node))
         return self.on_node(nodes[0], [mpiexec, "-launcher", "ssh", "-launcher-exec", NODE_SHELL,
                                        "-iface", "eth0", "-genv", "UCX_TLS", "tcp",
-                                       "-hosts", hosts, "-ppn", str(ppn),
-                                       "-n", str(ppn * len(nodes))] + list(command))
+                                       "-hosts", hosts, "-n", str(sum(ranks_per_node))] + list(command))
+
+def ranks(text):
+    """--ppn: a number of ranks, at least one."""
+    if not text.lstrip("-").isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a number of ranks >= 1, got {text}")
+    return int(text)
 
 
 def main(argv=None):
@@ -146,7 +165,7 @@ def main(argv=None):
     sub.add_parser("down", help="remove everything `up` created")
     sub.add_parser("list", help="the nodes that exist, with their addresses")
     p_mpi = sub.add_parser("mpiexec", help="mpiexec across all nodes (MPICH), from node 1")
-    p_mpi.add_argument("--ppn", type=int, default=2, help="ranks per node")
+    p_mpi.add_argument("--ppn", type=ranks, default=2, help="ranks per node")
     p_mpi.add_argument("command", nargs=argparse.REMAINDER)
     p_on = sub.add_parser("on", help="run a command on one node")
     p_on.add_argument("node", type=int)
@@ -168,8 +187,12 @@ def main(argv=None):
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             raise SystemExit("emulated_cluster: give the command after --")
-        if not cluster.nodes():
+        nodes = cluster.nodes()
+        if not nodes:
             raise SystemExit(f"emulated_cluster: cluster {args.cluster} has no nodes: run `up` first")
+        if args.action == "on" and args.node not in nodes:
+            raise SystemExit(f"emulated_cluster: node {args.node} is not up in cluster {args.cluster} "
+                             f"(nodes: {', '.join(map(str, nodes))})")
         full = (cluster.mpiexec_command(args.ppn, command) if args.action == "mpiexec"
                 else cluster.on_node(args.node, command))
         os.execvp(full[0], full)

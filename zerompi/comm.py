@@ -231,11 +231,12 @@ class Communicator(ControlMessages):
 
     def split(self, color):
         """A Communicator over the ranks of this one that pass the same color (MPI_Comm_split, in
-        this one's rank order), recording into this one's ledger, its guards turned on alike:
-        the shard groups and replica groups of zerompi/hierarchy/. Collective."""
+        this one's rank order), recording into this one's ledger, its guards turned on alike
+        (naming ranks as the job does, Guards.split): the shard groups and replica groups of
+        zerompi/hierarchy/. Collective."""
         sub = Communicator(self.mpi.Split(color, self.rank), self.device, self.cuda_aware)
         sub.ledger = self.ledger
-        sub.guards = self.guards.duplicate(sub.mpi)
+        sub.guards = self.guards.split(sub.mpi)
         return sub
 
     @staticmethod

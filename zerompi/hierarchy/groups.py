@@ -14,25 +14,32 @@ replica group holds one rank of each node. `node_size` checks that placement and
 Each subset is a Communicator of its own (Communicator.split) that records into the world's
 ledger, so the report counts every byte, inside the node and between nodes.
 """
-from mpi4py import MPI
-
 from ..collectives import Collectives
 from .hpz import HpzStage3
 from .hybrid import HYBRID_STAGES, HybridCollectives
 
 
 def node_size(comm):
-    """(L, error): the ranks on this rank's node, and a one-line error unless every node holds L
-    consecutive ranks (block placement). Collective; pass the error to comm.check_all."""
-    node = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED)
-    ranks = sorted(node.allgather(comm.rank))
-    node.Free()
-    size = len(ranks)
-    first = comm.rank // size * size
-    if ranks != list(range(first, first + size)):
-        return size, (f"ranks {ranks} share a node: hierarchical ZeRO needs the same number of ranks on "
-                      f"every node, placed in blocks (mpiexec -ppn L, srun's default --distribution=block)")
+    """(L, error): the ranks on each node, and a one-line error unless every node holds L
+    consecutive ranks (block placement). Read from the node map every rank holds alike
+    (Communicator.node_of_rank), so every rank returns the same: no messages."""
+    node_of_rank = comm.node_of_rank
+    size = node_of_rank.count(node_of_rank[0])
+    sizes = [node_of_rank.count(node) for node in range(len(set(node_of_rank)))]
+    need = ("hierarchical ZeRO needs the same number of ranks on every node, placed in blocks "
+            "(mpiexec -ppn L, srun's default --distribution=block)")
+    if len(set(sizes)) > 1:
+        return size, f"the nodes hold {_listed(sizes)} ranks: {need}"
+    for node in range(len(sizes)):
+        ranks = [r for r, n in enumerate(node_of_rank) if n == node]
+        if ranks != list(range(node * size, (node + 1) * size)):
+            return size, f"ranks {_listed(ranks)} share a node: {need}"
     return size, None
+
+
+def _listed(numbers, most=8):
+    """'3, 1' or '0, 2, 4, 6, 8, 10, 12, 14, ...' (at most `most` of them)."""
+    return ", ".join(map(str, numbers[:most])) + (", ..." if len(numbers) > most else "")
 
 
 def shard_group_error(group_size, num_ranks):

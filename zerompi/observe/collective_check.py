@@ -80,10 +80,11 @@ class CollectiveCheck:
         text = self.description.encode()[:DESCRIPTION_BYTES]
         return np.frombuffer(text.ljust(DESCRIPTION_BYTES, b"\0"), np.uint8)
 
-    def mismatch_message(self):
-        """After the description exchange: one line naming what each group of ranks called."""
+    def mismatch_message(self, job_ranks):
+        """After the description exchange: one line naming what each group of ranks called
+        (job_ranks: the job's rank of each rank of the communicator)."""
         groups = {}                                              # description -> ranks
-        for rank, row in enumerate(self.descriptions):
+        for rank, row in zip(job_ranks, self.descriptions):
             groups.setdefault(bytes(row).rstrip(b"\0").decode(errors="replace"), []).append(rank)
         sides = "; ".join(f"{_ranks(ranks)}: {text}" for text, ranks in groups.items())
         return f"the ranks disagree at collective #{self.calls}: {sides}"

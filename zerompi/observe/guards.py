@@ -13,16 +13,26 @@ communicator as the collective they announce, and are not ledgered. What each gu
 zerompi/observe/collective_check.py and zerompi/observe/watchdog.py.
 """
 import sys
+import time
 
-from ..exit_codes import ExitCode
-from .collective_check import CollectiveCheck
-from .watchdog import CollectiveWatchdog
+import mpi4py
+mpi4py.rc.initialize = False          # MPI starts with the first Communicator (zerompi/comm.py)
+from mpi4py import MPI                # noqa: E402
+
+from ..exit_codes import ExitCode                      # noqa: E402
+from .collective_check import CollectiveCheck          # noqa: E402
+from .watchdog import MAX_STAGGER_SECONDS, CollectiveWatchdog, report_then_abort, stagger   # noqa: E402
 
 
 class Guards:
-    def __init__(self, mpi, rank, size):
-        """Off until `turn_on`; mpi: the mpi4py communicator the guarded collectives run on."""
+    def __init__(self, mpi, rank, size, job_ranks=None, abort=None):
+        """Off until `turn_on`; mpi: the mpi4py communicator the guarded collectives run on.
+        job_ranks: the job's rank of each of its ranks, and abort: what ends the whole job, where
+        mpi holds some of the job's ranks (`split`); by default its own ranks and MPI_Abort."""
         self.mpi, self.rank, self.size = mpi, rank, size
+        self.job_ranks = tuple(job_ranks) if job_ranks is not None else tuple(range(size))
+        self.abort = abort if abort is not None else mpi.Abort
+        self.whole_job = job_ranks is None
         self.check = None             # a CollectiveCheck with --check-collectives
         self.watchdog = None          # a CollectiveWatchdog with --collective-timeout
 
@@ -31,13 +41,26 @@ class Guards:
         if check_collectives:
             self.check = CollectiveCheck(self.rank, self.size)
         if collective_timeout > 0:
-            self.watchdog = CollectiveWatchdog(collective_timeout, self.rank, self.mpi.Abort)
+            self.watchdog = CollectiveWatchdog(collective_timeout, self.job_ranks[self.rank], self.abort)
 
     def duplicate(self, mpi):
-        """The same guards, turned on the same way, for another communicator `mpi`: a duplicate
+        """The same guards, turned on the same way, for a duplicate `mpi` of this communicator
         (its own header table and its own watchdog thread: both threads may be in a collective at
-        once) or a split one (zerompi/comm.py)."""
-        twin = Guards(mpi, mpi.Get_rank(), mpi.Get_size())
+        once, zerompi/comm.py)."""
+        return self._twin(mpi, self.job_ranks if not self.whole_job else None)
+
+    def split(self, mpi):
+        """The same guards, turned on the same way, for `mpi`, a communicator on some of this
+        one's ranks (Communicator.split): they name each rank and stagger their reports by its
+        rank in the job, and a failure ends the whole job, whose other ranks would wait for these."""
+        group, parent = mpi.Get_group(), self.mpi.Get_group()
+        ranks = MPI.Group.Translate_ranks(group, list(range(mpi.Get_size())), parent)
+        group.Free()
+        parent.Free()
+        return self._twin(mpi, [self.job_ranks[r] for r in ranks])
+
+    def _twin(self, mpi, job_ranks):
+        twin = Guards(mpi, mpi.Get_rank(), mpi.Get_size(), job_ranks, self.abort)
         twin.turn_on(self.check is not None, self.watchdog.limit if self.watchdog is not None else 0)
         return twin
 
@@ -51,9 +74,16 @@ class Guards:
             if not self.check.agreed():
                 self.mpi.Allgather(self.check.own_description(), self.check.descriptions)
                 self.end()
-                if self.rank == 0:
-                    print(f"zerompi: error: {self.check.mismatch_message()}", file=sys.stderr, flush=True)
-                raise SystemExit(ExitCode.COLLECTIVE_MISMATCH)          # on every rank: they all hold the same table
+                message = f"zerompi: error: {self.check.mismatch_message(self.job_ranks)}"
+                if not self.whole_job:           # the job's other ranks would wait for these: end the job
+                    # this communicator's lowest rank reports (other groups' later, by their rank in
+                    # the job); the rest only stand by, should the abort not come
+                    wait = stagger(self.job_ranks[self.rank]) + (MAX_STAGGER_SECONDS if self.rank else 0)
+                    time.sleep(wait)
+                    report_then_abort(message, self.abort, ExitCode.COLLECTIVE_MISMATCH)
+                elif self.rank == 0:
+                    print(message, file=sys.stderr, flush=True)
+                raise SystemExit(ExitCode.COLLECTIVE_MISMATCH)          # on every rank of this communicator
 
     def end(self):
         """After the collective."""

@@ -6,8 +6,8 @@
     --hpz                    stage 3 with a secondary partition over the ranks of each node
 
 `grouping_error` checks what the flags alone decide (on every rank alike, before MPI work);
-`resolve_grouping` asks MPI where the ranks are (collective) and returns the Grouping, or the
-first problem as one line.
+`resolve_grouping` reads where the ranks are (the node map every rank holds, zerompi/nodes.py)
+and returns the Grouping, or the first problem as one line, the same on every rank.
 """
 from ..hierarchy import FLAT, Grouping
 from ..hierarchy.groups import node_size, shard_group_error
@@ -15,10 +15,15 @@ from ..hierarchy.groups import node_size, shard_group_error
 WORLD, NODE = "world", "node"
 
 
+def group_size(spec):
+    """S from `--shard-group S` (ASCII digits only: str.isdigit also takes '²'), else None."""
+    return int(spec) if spec.isascii() and spec.isdigit() else None
+
+
 def grouping_error(cfg, num_ranks):
     """The first problem with --shard-group / --hpz for N = num_ranks, one line, or None."""
     spec = cfg.shard_group
-    if spec not in (WORLD, NODE) and not spec.isdigit():
+    if spec not in (WORLD, NODE) and group_size(spec) is None:
         return f"--shard-group must be world, node or a number of ranks, got {spec!r}"
     hybrid = spec != WORLD
     if hybrid and cfg.stage == 0:
@@ -31,16 +36,16 @@ def grouping_error(cfg, num_ranks):
         return f"{'--hpz' if cfg.hpz else '--shard-group'} runs without --overlap: leave --overlap off"
     if (hybrid or cfg.hpz) and cfg.comm == "nccl":
         return f"{'--hpz' if cfg.hpz else '--shard-group'} runs its collectives through MPI: use --comm mpi"
-    if spec.isdigit():
-        return shard_group_error(int(spec), num_ranks)
+    if group_size(spec) is not None:
+        return shard_group_error(group_size(spec), num_ranks)
     return None
 
 
 def resolve_grouping(cfg, comm):
-    """(Grouping, error): collective where the node matters (`node`, --hpz: every rank learns
-    its node's ranks)."""
-    if cfg.shard_group.isdigit():
-        return Grouping(shard_group=int(cfg.shard_group)), None
+    """(Grouping, error), the same on every rank; where the node matters (`node`, --hpz) from
+    the communicator's node map."""
+    if group_size(cfg.shard_group) is not None:
+        return Grouping(shard_group=group_size(cfg.shard_group)), None
     if cfg.shard_group == WORLD and not cfg.hpz:
         return FLAT, None
     ranks_per_node, error = node_size(comm)

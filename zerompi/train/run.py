@@ -121,7 +121,7 @@ def setup(cfg, comm, out):
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
     overlap = OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
     comm.check_all(comm.thread_level_error() if overlap.enabled else None)
-    grouping, error = resolve_grouping(cfg, comm)            # collective: where the ranks are
+    grouping, error = resolve_grouping(cfg, comm)            # where the ranks are: the node map
     comm.check_all(error)
     comm.check_all(None if comm.device.is_gpu else model_memory_error(sizes, cfg, comm.size, ranks_on_node,
                                                                       grouping))
