@@ -95,3 +95,19 @@ def test_the_gpu_path_within_mixed_tolerance(stage, grouping):
                                  grouping=grouping)
     assert all(r.applied for r in results)
     assert_within_mixed_tolerance(consolidated(engine), reference(sizes, BF16, batches)[0])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage,grouping", GROUPINGS, ids=case_id)
+def test_ledger_equals_the_ring_formula_with_micro_batches(stage, grouping):
+    """What each rank's collectives moved per step (the CommLedger) is the grouping's ring formula
+    (zerompi.memory.ring_traffic), with gradient accumulation: the replicas sum once per step."""
+    from zerompi.ledger import GRADS, PARAMS
+    from zerompi.memory import ring_traffic
+    sizes, m = SIZES[0], micro_batches_for(N)
+    engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, STEPS), micro_batches=m, grouping=grouping)
+    comm = engine.comm
+    moved = {purpose: engine.comm.ledger.totals({purpose})[2] / STEPS for purpose in (GRADS, PARAMS)}
+    formula = ring_traffic(grouping.ring_collectives(stage, engine.layout.full_numel, N, m), comm.node_of_rank)
+    want = {purpose: sum(formula[comm.rank][link][purpose] for link in ("intra", "inter")) for purpose in moved}
+    assert moved == pytest.approx(want, rel=1e-12)

@@ -58,15 +58,11 @@ class HybridSharding:
         self.replica_comm = comm.split(comm.rank % group_size)     # R ranks: one of each group
         self.communicators = (self.shard_comm, self.replica_comm)
 
-    def build_stage(self, stage_number, layout, memory, precision, adam_config, micro_batches, **options):
-        partial = None                    # an accumulating reduce-scatter's sum over the group
-        if micro_batches > 1 and stage_number >= 2:
-            partial = memory.alloc("work", "hybrid.partial", (layout.max_layer_padded // layout.num_ranks,),
-                                   precision.storage)
+    def build_stage(self, stage_number, layout, memory, precision, adam_config, **options):
         if precision.mixed:               # 16-bit all-reduces across replicas are summed in float32
             self.replica_comm.reserve_staging(memory, layout.max_layer_padded // layout.num_ranks,
                                               precision.compute)
-        collectives = HybridCollectives(self.shard_comm, self.replica_comm, partial)
+        collectives = HybridCollectives(self.shard_comm, self.replica_comm)
         return HYBRID_STAGES[stage_number](layout, collectives, memory, precision, adam_config, **options)
 
 
@@ -79,6 +75,6 @@ class Hpz:
         self.node_comm = comm.split(comm.rank // ranks_per_node)
         self.communicators = (self.node_comm,)
 
-    def build_stage(self, stage_number, layout, memory, precision, adam_config, micro_batches, **options):
+    def build_stage(self, stage_number, layout, memory, precision, adam_config, **options):
         return HpzStage3(layout, Collectives(self.shard_comm), memory, precision, adam_config,
                          Collectives(self.node_comm))

@@ -22,46 +22,54 @@ every node boundary.
 
 The stages of zerompi/stages/ run unchanged: their `collectives` here has the group's rank and
 size (so the layout is Layout(sizes, S)), and its reduce-scatters add the all-reduce across the
-replicas. One thing differs: the global gradient norm sums each rank's owned squares over all
-ranks, and each shard now lives on R ranks, so only the first replica counts it (CountOnce).
+replicas (once per step, after the last micro-batch). One thing differs: the global gradient norm
+sums each rank's owned squares over all ranks, and each shard now lives on R ranks, so only the
+first replica counts it (Replicated).
 """
 from ..collectives import DONE, Collectives
 from ..stages import Stage1, Stage2, Stage3
 
 
 class HybridCollectives(Collectives):
-    """The group's collectives, whose gradient reductions also sum across the replicas."""
+    """The group's collectives, whose gradient reductions also sum across the replicas, once per
+    step: after the step's last micro-batch (sums are linear: the replicas' sum of each rank's
+    accumulated group sums is the sum over all N ranks and all micro-batches)."""
 
-    def __init__(self, group, replicas, partial):
+    def __init__(self, group, replicas):
         super().__init__(group)                  # rank, size: the group's
         self.replicas = replicas                 # the Communicator of the ranks owning the same shard
         self.first_replica = replicas.rank == 0
-        self.partial = partial                   # (largest shard,) for accumulating reduce-scatters
+        self.last_micro_batch = True             # set by the stage (Replicated.start_micro_batch)
 
     def reduce_scatter(self, full, shard, purpose, accumulate=False):
-        """shard (n/S,) <- (or +=) the sum over all N ranks of this rank's block of full (n,)."""
-        summed = self.partial[:shard.size] if accumulate else shard
-        super().reduce_scatter(full, summed, purpose)               # sum over the group
-        self._start(self.replicas.allreduce_sum, summed, purpose)   # sum over the replicas
-        if accumulate:
-            shard += summed                                          # add this micro-batch
+        """shard (n/S,) <- (or +=) the group's sum of this rank's block of full (n,); after the
+        last micro-batch, summed over the replicas too."""
+        super().reduce_scatter(full, shard, purpose, accumulate)    # sum over the group
+        if self.last_micro_batch:
+            self._start(self.replicas.allreduce_sum, shard, purpose)    # sum over the replicas
         return DONE
 
     def reduce_scatter_in_place(self, full, purpose):
-        """full[:n/S] <- the sum over all N ranks of this rank's block of full (n,)."""
+        """full[:n/S] <- the sum over all N ranks of this rank's block of full (n,) (stage 1
+        reduces once per step, in the last micro-batch)."""
         super().reduce_scatter_in_place(full, purpose)
         return self._start(self.replicas.allreduce_sum, full[:full.size // self.size], purpose)
 
 
-class CountOnce:
-    """The owned gradients for the global norm, from the first replica only (the others hold
-    the same shards: counting them too would multiply the squared norm by R). The others hand in
-    one zero per layer (not an empty array: a GPU's sum of squares is a GEMM, which takes no
-    empty operand)."""
+class Replicated:
+    """A stage inside a shard group: it tells its collectives which micro-batch is the step's
+    last (the replicas sum the shards then), and counts the owned gradients for the global norm
+    from the first replica only (the others hold the same shards: counting them too would
+    multiply the squared norm by R). The others hand in one zero per layer (not an empty array:
+    a GPU's sum of squares is a GEMM, which takes no empty operand)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.not_counted = self.memory.alloc("work", "hybrid.not_counted", (1,), self.precision.storage)
+
+    def start_micro_batch(self, first, last=True):
+        super().start_micro_batch(first, last)
+        self.collectives.last_micro_batch = last
 
     def grad_partition(self):
         if self.collectives.first_replica:
@@ -69,15 +77,15 @@ class CountOnce:
         return [self.not_counted] * len(self.layout.layers)
 
 
-class HybridStage1(CountOnce, Stage1):
+class HybridStage1(Replicated, Stage1):
     """Stage 1 inside a shard group."""
 
 
-class HybridStage2(CountOnce, Stage2):
+class HybridStage2(Replicated, Stage2):
     """Stage 2 inside a shard group."""
 
 
-class HybridStage3(CountOnce, Stage3):
+class HybridStage3(Replicated, Stage3):
     """Stage 3 inside a shard group."""
 
 

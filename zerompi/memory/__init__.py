@@ -236,12 +236,11 @@ def flat_collectives(stage: int, num_params: float, num_ranks: int, micro_batche
 def hybrid_collectives(stage: int, num_params: float, num_ranks: int, shard_group: int,
                        micro_batches: int = 1) -> list:
     """Stage 1-3 inside each group of S consecutive ranks, then the all-reduce of each owned shard
-    (Ψ/S elements) over the R = N/S ranks that own it, one per group (after each of the group's
-    reduce-scatters: once per step in stage 1, per micro-batch in stages 2-3)."""
+    (Ψ/S elements) over the R = N/S ranks that own it, one per group, once per step (after the
+    last micro-batch: the group's sums accumulate until then)."""
     _check_hybrid(stage, num_params, num_ranks, shard_group)
-    all_reduces = micro_batches if stage >= 2 else 1
     return (_stage_collectives(stage, num_params, _blocks(num_ranks, shard_group), micro_batches) +
-            [RingCollective("grads", 2 * all_reduces, num_params / shard_group, _strided(num_ranks, shard_group))])
+            [RingCollective("grads", 2, num_params / shard_group, _strided(num_ranks, shard_group))])
 
 
 def hpz_collectives(num_params: float, num_ranks: int, ranks_per_node: int, micro_batches: int = 1) -> list:
