@@ -51,3 +51,15 @@ def test_omp_num_threads_must_be_a_positive_integer():
     assert blas_threads(2, {"OMP_NUM_THREADS": "4,2"}, cores=16) == 4
     for bad in ("", "0", "-1", "two", "2.5"):
         assert f"OMP_NUM_THREADS={bad!r}" in threads_variable_error({"OMP_NUM_THREADS": bad})
+
+
+def test_variables_with_non_ascii_digits_are_not_numbers():
+    """str.isdigit() takes '²' and '٤', which int() refuses: such a value is not a count, never a
+    traceback (a launcher variable is ignored, OMP_NUM_THREADS is one line)."""
+    from zerompi.devices.choice import local_rank
+    from zerompi.train.launch import threads_variable_error
+    for value in ("²", "٤", "4²"):
+        assert launch_mismatch(4, {"PMI_SIZE": value}) is None
+        assert launcher_rank({"PMI_RANK": value}) == 0 and local_rank({"MPI_LOCALRANKID": value}) == 0
+        assert "is not a positive integer" in threads_variable_error({"OMP_NUM_THREADS": value})
+        assert blas_threads(2, {"OMP_NUM_THREADS": value}, 8) == 4

@@ -57,7 +57,7 @@ def available_bytes(ranks_on_node=1):
     if meminfo is not None:
         limits.append(meminfo * 1024 // max(1, ranks_on_node))
     cgroup_max, cgroup_used = _read_text("/sys/fs/cgroup/memory.max"), _read_text("/sys/fs/cgroup/memory.current")
-    if cgroup_max and cgroup_max.isdigit() and cgroup_used and cgroup_used.isdigit():
+    if all(text and text.isascii() and text.isdigit() for text in (cgroup_max, cgroup_used)):
         limits.append(max(0, int(cgroup_max) - int(cgroup_used)) // max(1, ranks_on_node))
     address_limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     mapped = _read_numbers("/proc/self/status", "VmSize:")

@@ -38,7 +38,7 @@ def first_number(environ, names):
     """The value of the first of the variables `names` that holds a number, else 0."""
     for name in names:
         value = environ.get(name, "")
-        if value.isdigit():
+        if value.isascii() and value.isdigit():
             return int(value)
     return 0
 

@@ -29,7 +29,7 @@ def launch_mismatch(mpi_size, environ):
     """One-line error when the launcher started a different number of processes than MPI sees."""
     for name in LAUNCHER_SIZE_VARIABLES:
         value = environ.get(name, "")
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             continue
         if int(value) != mpi_size:
             return (f"the launcher started {value} processes ({name}={value}) but MPI sees {mpi_size} "
@@ -51,7 +51,7 @@ def threads_variable_error(environ):
     a comma-separated list, one count per nesting level: its first entry counts), else None."""
     value = environ.get("OMP_NUM_THREADS")
     first = (value or "").split(",")[0].strip()
-    if value is None or (first.isdigit() and int(first) > 0):
+    if value is None or (first.isascii() and first.isdigit() and int(first) > 0):
         return None
     return f"OMP_NUM_THREADS={value!r} is not a positive integer: set it to the BLAS threads per rank, or unset it"
 
@@ -59,6 +59,6 @@ def threads_variable_error(environ):
 def blas_threads(ranks_on_node, environ, cores):
     """BLAS threads for one rank."""
     explicit = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if explicit.isdigit() and int(explicit) > 0:
+    if explicit.isascii() and explicit.isdigit() and int(explicit) > 0:
         return int(explicit)
     return max(1, cores // ranks_on_node)
