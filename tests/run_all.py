@@ -6,11 +6,16 @@
     3. multi-rank tests, for N in 1 2 3 4 8:
                                           mpirun -n N python tests/support/mpi_launch.py --with-mpi tests/mpi
 
+First the package is compiled to bytecode (`compileall`): the suite starts a few thousand Python
+processes, and where PYTHONDONTWRITEBYTECODE is set each of them would
+otherwise compile every zerompi module anew, a quarter of a rank's start-up.
+
 Each run has a wall-clock limit; a run that exceeds it is killed with its whole process group and
 counts as failed. The summary sums the pytest counts of all runs ("all: P passed, F failed, S skipped")
 and lists the reasons for the skipped tests, each with how many it skipped (pytest's -rs lines).
 """
 import collections
+import compileall
 import os
 import re
 import shutil
@@ -104,6 +109,7 @@ def summary(totals):
 
 
 def main():
+    compileall.compile_dir(os.path.join(ROOT, "zerompi"), quiet=1)
     pytest = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=15"]      # the slowest, to keep the suite fast
     runs = [("single-process", pytest + [f"--ignore={path}" for path in SLURM_TESTS] + ["tests"], SINGLE_LIMIT_SECONDS),
             ("slurm", pytest + SLURM_TESTS, LIMIT_SECONDS)]
