@@ -8,7 +8,7 @@ with its whole process group and the test fails instead of hanging the suite).
                    the problem, quickly, and nothing written to the working folder
     --help         usage printed once, exit 0
     determinism    the same flags twice give bitwise identical weights and loss lines
-    equivalence    N in {1, 2, 4} x stage {0, 1, 2, 3} in float64 agree with N=1 stage 0 to 1e-12
+    equivalence    N in {1, 4} x stage {0, 1, 2, 3} in float64 agree with N=1 stage 0 to 1e-12
     resume         --init-weights loads what --save-weights wrote, across N and stage
     --report json  stdout is one JSON document whose measurements match the padded formulas
     default run    progress lines, held-out accuracy and the ledger tables
@@ -522,10 +522,11 @@ def test_same_flags_twice_give_bitwise_identical_weights_and_losses(tmp_path):
 
 
 @pytest.mark.timeout(4 * TIMEOUT)
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 3])
 def test_overlap_on_and_off_save_bitwise_identical_weights(stage, tmp_path):
     """The communication thread changes when collectives run, never what they compute
-    (tests/mpi/test_overlap_is_bitwise_identical.py checks it for every N, dtype and setting; this is the command line)."""
+    (tests/mpi/test_overlap_is_bitwise_identical.py checks it for every stage, N, dtype and setting;
+    this is the command line: the flags reach the engine, an unsharded stage and the one that prefetches)."""
     flags = ["--stage", stage, "--steps", 6, "--hidden", "16,9", "--batch-size", 24, "--grad-accum", 2,
              "--log-every", 0, "--report", "none", "--bucket-mb", 0]
     train_ok(3, *flags, "--no-overlap", "--save-weights", "off.npz", cwd=tmp_path)
@@ -552,7 +553,7 @@ def reference_weights(tmp_path_factory):
 
 
 @pytest.mark.timeout(4 * TIMEOUT)
-@pytest.mark.parametrize("n, stage", [(n, stage) for n in (1, 2, 4) for stage in (0, 1, 2, 3)
+@pytest.mark.parametrize("n, stage", [(n, stage) for n in (1, 4) for stage in (0, 1, 2, 3)
                                       if (n, stage) != (1, 0)])       # (1, 0): the reference
 def test_every_stage_and_rank_count_trains_the_same_weights(n, stage, reference_weights, tmp_path):
     train_ok(n, "--stage", stage, *EQUIVALENCE_FLAGS, cwd=tmp_path)
@@ -656,9 +657,9 @@ def test_default_run_prints_progress_accuracy_and_ledger(tmp_path):
 
 
 @pytest.mark.timeout(4 * TIMEOUT)
-@pytest.mark.parametrize("n", [3, 5, 6, 7])
+@pytest.mark.parametrize("n", [3, 6])
 def test_the_default_command_runs_on_rank_counts_that_do_not_divide_128(n, tmp_path):
-    """No batch option: 16 rows per rank, so the global batch is 16 N."""
+    """No batch option: 16 rows per rank, so the global batch is 16 N (an odd N and an even one)."""
     run = train_ok(n, "--steps", 5, "--log-every", 0, "--report", "none", cwd=tmp_path)
     assert f"global batch {16 * n} = {n} ranks x 1 micro-batch x 16 rows" in run.stdout, run.describe()
     assert files_under(tmp_path) == []
@@ -690,8 +691,8 @@ def test_the_main_job_reaches_95_percent_on_the_held_out_digits(tmp_path):
 # A user .npz dataset, end to end
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shuffle", ["--shuffle", "--no-shuffle"])
-@pytest.mark.parametrize("held_out", [True, False], ids=["with-test", "without-test"])
+@pytest.mark.parametrize("held_out, shuffle", [(True, "--shuffle"), (False, "--no-shuffle")],
+                         ids=["with-test-shuffled", "without-test-in-order"])
 def test_user_npz_dataset_trains_end_to_end(held_out, shuffle, tmp_path):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((200, 6)).astype(np.float32)
