@@ -569,7 +569,7 @@ def test_every_stage_and_rank_count_trains_the_same_weights(n, stage, reference_
 def test_more_ranks_than_a_layer_has_elements_trains_the_same_in_every_stage(tmp_path):
     """--hidden 1,1: the middle layer has 1 weight and 1 bias, so on 4 ranks two ranks own only
     padding; stage 3 (sharded parameters) pads and agrees with stage 0."""
-    flags = ["--hidden", "1,1", "--data", "synthetic", "--dtype", "float64", "--steps", 3, "--batch-size", 16,
+    flags = ["--hidden", "1,1", "--dtype", "float64", "--steps", 3, "--batch-size", 16,
              "--log-every", 0, "--report", "none"]
     weights = []
     for stage in (0, 3):
@@ -615,15 +615,15 @@ def test_report_json_is_one_document_whose_measurements_match_the_formulas(stage
     # odd widths: every layer is padded to a multiple of N = 3; --log-every 1 checks that progress
     # lines go to stderr and leave stdout to the JSON document
     run = train_ok(3, "--stage", stage, "--hidden", "7,5", "--batch-size", 12, "--steps", 3,
-                   "--dtype", dtype, "--grad-accum", micro_batches, "--data", "synthetic",
-                   "--log-every", 1, "--report", "json", cwd=tmp_path)
+                   "--dtype", dtype, "--grad-accum", micro_batches, "--log-every", 1, "--report", "json",
+                   cwd=tmp_path)
     report = json.loads(run.stdout)
     b = report["bytes_per_param"]
     assert (b["param"], b["grad"], b["optimizer"]) == bytes_per_param
     assert report["micro_batches"] == micro_batches
     assert len(loss_lines(run.stderr)) == 3
     assert report["stage"] == stage and report["ranks"] == 3 and report["steps"] == 3
-    assert report["psi"] == 32 * 7 + 7 + 7 * 5 + 5 + 5 * 10 + 10
+    assert report["psi"] == 64 * 7 + 7 + 7 * 5 + 5 + 5 * 10 + 10            # the digits: 64 features
     assert report["psi_padded"] > report["psi"]
     assert report["psi_padded"] - report["psi"] <= 3 * (3 - 1)      # at most N-1 per layer
     assert len(report["per_rank"]) == 3
