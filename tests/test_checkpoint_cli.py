@@ -560,7 +560,7 @@ def test_a_lock_of_a_dead_run_is_taken_over_and_only_stale_partial_steps_are_rem
 
 def test_two_runs_on_one_save_dir_the_second_is_refused_and_the_first_finishes(tmp_path):
     args = [_mpirun(), "-n", "2", sys.executable, "-m", "zerompi.train", "--steps", "1000000", "--save-every", "3",
-            "--keep-last", "2", "--save-dir", "ck", *map(str, COMMON), "--log-every", "200"]
+            "--keep-last", "2", "--save-dir", "ck", *map(str, COMMON), "--log-every", "20"]
     first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
