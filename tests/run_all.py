@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
-SINGLE_LIMIT_SECONDS = 2400        # about 1100 tests, many launching real MPI jobs: about 19 min on 2 cores
+SINGLE_LIMIT_SECONDS = 2400        # about 1300 tests, many of them MPI jobs: 8 min on 2 cores, 30 on a busy machine
 SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py"]     # in this order: see test_local_slurm.py
 
 
