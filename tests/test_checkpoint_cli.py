@@ -18,7 +18,8 @@
                       resuming a finished run, a corrupt checkpoint found by one rank only
 
 Every launch has a wall-clock limit and runs in its own session, so a hang is killed and fails the
-test. Runs are tiny (32-9-7-10 MLP on the synthetic data, 30 steps).
+test. Runs are tiny (64-9-7-10 MLP on the shipped digits, 30 steps; their 300 held-out rows keep the
+end-of-run evaluation short).
 """
 import json
 import os
@@ -38,7 +39,7 @@ from test_checkpoint_files import CHECKSUM, as_version_1, edit_manifest, snapsho
 
 TIMEOUT = 120                   # seconds for one launch before it is killed
 KILL_DURING_SAVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support", "kill_during_save.py")
-COMMON = ["--hidden", "9,7", "--batch-size", 12, "--data", "synthetic", "--report", "none",
+COMMON = ["--hidden", "9,7", "--batch-size", 12, "--report", "none",
           "--log-every", 0]
 STEP10, STEP20, STEP30 = "step_00000010", "step_00000020", "step_00000030"
 
@@ -141,7 +142,7 @@ def test_resume_from_the_step_20_checkpoint_is_bitwise_exact(stage, dtype, unint
 
 
 def test_resume_reshards_onto_other_rank_counts_and_stages(tmp_path):
-    flags = ["--dtype", "float64", "--steps", 30, "--hidden", "9,7", "--batch-size", 24, "--data", "synthetic",
+    flags = ["--dtype", "float64", "--steps", 30, "--hidden", "9,7", "--batch-size", 24,
              "--log-every", 0, "--report", "json"]
     train_ok(2, "--stage", 3, *flags, "--save-dir", "ck", "--save-every", 10, "--save-weights", "a.npz",
              cwd=tmp_path)
@@ -218,7 +219,7 @@ def test_signal_writes_a_checkpoint_exits_4_and_resume_is_exact(signum, uninterr
 # ----------------------------------------------------------------------------------------------
 
 def test_rank_killed_during_save_leaves_the_previous_checkpoint_and_resume_is_exact(uninterrupted, tmp_path):
-    flags = ["--stage", 3, "--steps", 30, *COMMON]
+    flags = ["--stage", 3, "--dtype", "float32", "--steps", 30, *COMMON]  # a resume case's: one uninterrupted run
     env = dict(os.environ, ZEROMPI_KILL_DURING_SAVE="1:20")
     killed = launch(2, *flags, "--save-dir", "ck", "--save-every", 10, "--save-weights", "never.npz",
                     cwd=tmp_path, env=env, timeout=60, program=(KILL_DURING_SAVE, "-m", "zerompi.train"))
@@ -281,7 +282,7 @@ def test_rotation_never_deletes_the_checkpoint_latest_names(tmp_path):
 
 @pytest.mark.parametrize("exists", [True, False], ids=["empty-dir", "no-dir"])
 def test_resume_with_no_checkpoint_yet_starts_from_step_0_and_says_so(exists, uninterrupted, tmp_path):
-    flags = ["--stage", 3, "--steps", 30, *COMMON]
+    flags = ["--stage", 3, "--dtype", "float32", "--steps", 30, *COMMON]  # a resume case's: one uninterrupted run
     if exists:
         (tmp_path / "ck").mkdir()
     run = train_ok(2, *flags, "--save-dir", "ck", "--resume", "--save-weights", "w.npz", cwd=tmp_path)
@@ -356,7 +357,7 @@ def test_resume_from_a_checkpoint_of_another_model_is_refused_naming_it(finished
     before = snapshot(tmp_path / "ck")
     run = launch(2, "--stage", 1, "--steps", 20, *COMMON, "--hidden", "9,8", "--save-dir", "ck", "--resume",
                  cwd=tmp_path, timeout=60)
-    fails_once(run, 2, f"ck/{STEP10}", "sizes [32, 9, 7, 10], but this run builds [32, 9, 8, 10]")
+    fails_once(run, 2, f"ck/{STEP10}", "sizes [64, 9, 7, 10], but this run builds [64, 9, 8, 10]")
     assert snapshot(tmp_path / "ck") == before
 
 
@@ -559,7 +560,7 @@ def test_a_lock_of_a_dead_run_is_taken_over_and_only_stale_partial_steps_are_rem
 
 def test_two_runs_on_one_save_dir_the_second_is_refused_and_the_first_finishes(tmp_path):
     args = [_mpirun(), "-n", "2", sys.executable, "-m", "zerompi.train", "--steps", "1000000", "--save-every", "3",
-            "--keep-last", "2", "--save-dir", "ck", *map(str, COMMON), "--log-every", "200"]
+            "--keep-last", "2", "--save-dir", "ck", *map(str, COMMON), "--log-every", "20"]
     first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:

@@ -44,8 +44,8 @@ from zerompi.precision import precision_for
 from zerompi.checkpoint.safetensors_io import read_header, read_tensor
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-SIZES = [32, 9, 7, 10]                       # synthetic data: 32 features, 10 classes
-COMMON = ["--hidden", "9,7", "--batch-size", 12, "--data", "synthetic", "--report", "none",
+SIZES = [64, 9, 7, 10]                       # the digits (the default data): 64 features, 10 classes
+COMMON = ["--hidden", "9,7", "--batch-size", 12, "--report", "none",
           "--log-every", 0]
 STEP = "step_00000006"
 TOOL_TIMEOUT = 60
@@ -419,17 +419,17 @@ def test_checkpoint_of_another_model_shape_is_refused(checkpoints, tmp_path):
     one line); inspect has no model to compare with, so it passes."""
     save_dir = copy_of(checkpoints, "float32", tmp_path)
     before = snapshot(save_dir)
-    for sizes, stage in (([32, 8, 7, 10], 0), ([32, 9, 7], 3), ([32, 9, 7, 10, 10], 1)):
+    for sizes, stage in (([64, 8, 7, 10], 0), ([64, 9, 7], 3), ([64, 9, 7, 10, 10], 1)):
         with pytest.raises(CheckpointError) as caught:
             load_checkpoint(fresh_engine(sizes, stage), os.path.join(str(save_dir), STEP))
         message = str(caught.value)
-        assert f"ck/{STEP}" in message and "sizes [32, 9, 7, 10]" in message and str(sizes) in message, message
+        assert f"ck/{STEP}" in message and "sizes [64, 9, 7, 10]" in message and str(sizes) in message, message
     run = launch(2, "--stage", 2, "--steps", 8, *COMMON[2:], "--hidden", "8,7", "--resume", f"ck/{STEP}",
                  "--save-weights", "never.npz", cwd=tmp_path)
     assert run.returncode == 2, run.describe()
     assert run.output.count(ERROR_MARK) == 1 and "Traceback" not in run.output, run.describe()
     line = next(line for line in run.output.splitlines() if ERROR_MARK in line)
-    assert f"ck/{STEP}" in line and "[32, 8, 7, 10]" in line, run.describe()
+    assert f"ck/{STEP}" in line and "[64, 8, 7, 10]" in line, run.describe()
     assert not (tmp_path / "never.npz").exists()
     assert checkpoint_tool("inspect", "ck", cwd=tmp_path).returncode == 0
     assert snapshot(save_dir) == before

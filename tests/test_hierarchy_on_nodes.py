@@ -30,8 +30,7 @@ def test_hierarchical_variants_equal_single_process_adamw_across_nodes(emulated_
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("flags,grouping", [(["--stage", "3", "--shard-group", "node"], "hybrid"),
                                             (["--stage", "2", "--shard-group", "node"], "hybrid"),
-                                            (["--stage", "3", "--hpz"], "hpz"),
-                                            (["--stage", "3"], "flat")], ids=["hybrid-3", "hybrid-2", "hpz", "flat-3"])
+                                            (["--stage", "3", "--hpz"], "hpz")], ids=["hybrid-3", "hybrid-2", "hpz"])
 def test_ledger_splits_every_rank_as_the_ring_model_says(emulated_cluster, flags, grouping):
     nodes, ppn = 2, 2
     command = [sys.executable, "-m", "zerompi.train", "--hidden", "24,16", "--steps", "3", "--log-every", "0",
@@ -41,7 +40,7 @@ def test_ledger_splits_every_rank_as_the_ring_model_says(emulated_cluster, flags
     report = json.loads(result.stdout)
     n, psi_pad = nodes * ppn, report["psi_padded"]
     assert report["node_of_rank"] == [r // ppn for r in range(n)]
-    variant = {"hybrid": Grouping(shard_group=ppn), "hpz": Grouping(hpz_node_size=ppn), "flat": Grouping()}[grouping]
+    variant = {"hybrid": Grouping(shard_group=ppn), "hpz": Grouping(hpz_node_size=ppn)}[grouping]
     expected = ring_traffic(variant.ring_collectives(report["stage"], psi_pad, n), report["node_of_rank"])
     for rank, row in enumerate(report["per_rank"]):
         assert row["inter_node_elements"] == pytest.approx(sum(expected[rank]["inter"].values()), rel=1e-12)
@@ -49,7 +48,7 @@ def test_ledger_splits_every_rank_as_the_ring_model_says(emulated_cluster, flags
     inter = sum(row["inter_node_elements"] for row in report["per_rank"])
     if grouping == "hybrid":       # only the replicas' all-reduce of the shards crosses: 2 Psi (k-1)/k per node
         assert inter == pytest.approx(nodes * 2 * psi_pad * (nodes - 1) / nodes)
-    else:                          # stage 3: 3 Psi (N-1)/N per node; hpZ: 2 Psi (N-1)/N
-        assert inter == pytest.approx(nodes * (2 if grouping == "hpz" else 3) * psi_pad * (n - 1) / n)
+    else:                          # hpZ: 2 Psi (N-1)/N per node (flat stage 3's 3 Psi: tests/test_node_ledgers.py)
+        assert inter == pytest.approx(nodes * 2 * psi_pad * (n - 1) / n)
     memory = report["memory_formula_padded_bytes"]["total"]
     assert all(row["params"] + row["grads"] + row["optimizer"] == memory for row in report["per_rank"])

@@ -199,7 +199,7 @@ def long_lines(output, but_the_table=True):
     return [line for line in lines if len(line) > 80]
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 3])      # the lines differ by stage only in its digit
 def test_every_log_line_of_a_run_fits_80_columns_the_report_tables_aside(tmp_path, stage):
     run = train_ok(2, "--stage", stage, "--steps", 40, "--log-every", 10, cwd=tmp_path)
     assert "step 40/40  loss" in run.stdout and "Memory per rank" in run.stdout

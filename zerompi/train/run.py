@@ -71,7 +71,6 @@ from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
 from .signals import Interrupted, Signals
-from .status_line import StatusLine
 from .tensorboard import TensorBoardLog, tensorboard_missing
 
 
@@ -89,7 +88,7 @@ class RunState:
     first_step: int              # 0, or the step of the checkpoint resumed from
     lineage: dict                # the resumed checkpoint, for the manifests of the next ones
     batches: MicroBatches
-    status: StatusLine | None    # the live progress line (rank 0)
+    status: object               # status_line.py's StatusLine, the live progress line (rank 0), or None
     progress: Progress
     metrics: StepMetrics | None  # the per-step records for --metrics and --tensorboard
     tracer: Tracer | None
@@ -143,6 +142,7 @@ def setup(cfg, comm, out):
                      progress=None, metrics=metrics, tracer=tracer)
     print_header(state, sizes, note)
     if comm.rank == 0 and live_progress(cfg.progress, out, os.environ):     # zerompi/train/destination.py
+        from .status_line import StatusLine        # here: tqdm's import would cost every rank's start-up
         state.status = state.out = StatusLine(out, first_step, cfg.steps)   # log lines scroll above it
     state.progress = Progress(cfg, comm, state.out)
     return state

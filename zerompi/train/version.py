@@ -9,7 +9,6 @@ and nothing imports mpi4py.MPI (which would). mpi4py's own lookup is a private h
 """
 import ctypes
 import sys
-from importlib import metadata
 
 import mpi4py
 import numpy as np
@@ -28,6 +27,7 @@ def version_text():
 
 
 def zerompi_version():
+    from importlib import metadata             # here: its import would cost every rank's start-up
     try:
         return metadata.version("zerompi")
     except metadata.PackageNotFoundError:
