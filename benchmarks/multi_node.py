@@ -42,7 +42,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
@@ -54,11 +53,10 @@ from zerompi.hierarchy import FLAT, Grouping          # noqa: E402
 from zerompi.hierarchy.groups import node_size        # noqa: E402
 from zerompi.memory import inter_node_per_node, ring_traffic, wire_bytes   # noqa: E402
 from zerompi.precision import precision_for           # noqa: E402
-from zerompi.step import train_step                   # noqa: E402
+from step_time import warmed_up_step                   # noqa: E402  (beside this file)
 
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.Get_rank(), COMM.Get_size()
-LR = 1e-3
 PURPOSES = {"grads", "params"}
 
 
@@ -122,18 +120,11 @@ class VariantRun:
     """One variant: built and warmed up once, then timed in rounds between the others."""
 
     def __init__(self, variant, ranks_per_node, node_leader, args):
-        B = args.batch_per_rank
         self.variant, self.iface = variant, args.iface
         self.grouping = variant.grouping(ranks_per_node)
-        self.engine = build_engine(args.sizes, variant.stage, precision_for("float32"), AdamConfig(), B,
-                                   grouping=self.grouping)
-        self.engine.init_params(0)
-        rng = np.random.default_rng(1000 + RANK)
-        x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
-        y = rng.integers(0, args.sizes[-1], B)
-        self.step = lambda: train_step(self.engine, [(x, y)], B * N, LR)   # noqa: E731
-        for _ in range(args.warmup):
-            self.step()
+        self.engine = build_engine(args.sizes, variant.stage, precision_for("float32"), AdamConfig(),
+                                   args.batch_per_rank, grouping=self.grouping)
+        self.step = warmed_up_step(self.engine, args)     # benchmarks/step_time.py's
         self.round_s, self.steps, self.inter_bytes = [], 0, 0.0
         self.tx = 0 if node_leader and tx_bytes(self.iface) is not None else None   # None: not read here
 

@@ -82,6 +82,22 @@ def parse_args(argv=None):
     return args
 
 
+def warmed_up_step(engine, args):
+    """One training step of `engine` (initialized from seed 0) on a fixed random batch of
+    args.batch_per_rank rows of this rank, as a function, after args.warmup untimed steps."""
+    B = args.batch_per_rank
+    engine.init_params(0)
+    rng = np.random.default_rng(1000 + RANK)
+    x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
+    y = rng.integers(0, args.sizes[-1], B)
+
+    def step():
+        return train_step(engine, [(x, y)], B * N, LR)
+    for _ in range(args.warmup):
+        step()
+    return step
+
+
 def timed_repeats(step, repeats, steps, warmup):
     """Median over repeats of (max over ranks of the mean time of `steps` calls to step())."""
     for _ in range(warmup):
@@ -176,13 +192,7 @@ class StageRun:
         B = args.batch_per_rank
         config = OverlapConfig(overlap == "on", args.bucket_mb, args.prefetch)
         self.engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B, overlap=config)
-        self.engine.init_params(0)
-        rng = np.random.default_rng(1000 + RANK)
-        x = rng.standard_normal((B, args.sizes[0]), dtype=np.float32)
-        y = rng.integers(0, args.sizes[-1], B)
-        self.step = lambda: train_step(self.engine, [(x, y)], B * N, LR)   # noqa: E731
-        for _ in range(args.warmup):
-            self.step()
+        self.step = warmed_up_step(self.engine, args)
         self.stage, self.round_s, self.steps = stage, [], 0
         self.busy_s = self.exposed_s = self.ring_bytes = 0.0
 
