@@ -96,12 +96,19 @@ def test_the_fixture_takes_its_cluster_down_when_a_test_fails_or_times_out(spare
     assert leftovers(spare) == []
 
 
+def ctrl_c_heard():
+    """SIGINT as a terminal's Ctrl-C finds it: a suite started in the background (a CI job, `cmd &`)
+    hands its processes SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("moment", ["in the test", "while the cluster comes up"])
 def test_the_fixture_takes_its_cluster_down_when_interrupted(spare, moment):
     env = dict(os.environ, ZEROMPI_TEST_CLUSTER=str(spare))
     inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                               "tests/support/cluster_failing_tests.py", "-k", "interrupted"],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=ctrl_c_heard)
     try:
         if moment == "in the test":
             while "waiting to be interrupted" not in inner.stdout.readline():
