@@ -259,10 +259,11 @@ class Communicator(ControlMessages):
         wide[...] = full                                   # widen
         wide_shard = self.staging.shard[:shard.size]
         self.reduce_scatter_sum(wide, wide_shard, purpose)
-        if accumulate:
-            shard += wide_shard
-        else:
-            shard[...] = wide_shard                        # round once
+        if accumulate:                                     # add in float32 (not `shard += wide_shard`:
+            so_far = wide[:shard.size]                     # a ufunc between two dtypes allocates
+            so_far[...] = shard                            # casting buffers); `wide` is used up
+            wide_shard += so_far
+        shard[...] = wide_shard                            # round once
 
 
 def _words(buf):

@@ -51,26 +51,27 @@ def numpy_bytes():
     return sum(trace.size for trace in snapshot.traces)
 
 
-def measure(stage, device, dtype):
+def measure(stage, device, dtype, micro_batches=1):
     """Train WARMUP + MEASURED steps under tracemalloc; returns (engine, peak bytes over the
     measured steps above the baseline, NumPy bytes alive after each measured step, the bytes each
     measured step allocated and freed)."""
     precision = precision_for(dtype)
     comm = (Communicator() if device == "cpu"
             else Communicator(device=StandInGPU(), mpi_reads_device_memory=False))
-    batches = make_batches(SIZES, WARMUP + MEASURED, rows=ROWS * comm.size)
+    rows = ROWS * comm.size * micro_batches
+    batches = make_batches(SIZES, WARMUP + MEASURED, rows=rows)
     alive, transient = [0] * MEASURED, [0] * MEASURED
     tracemalloc.start()
     try:
         baseline = tracemalloc.get_traced_memory()[0]
-        engine = make_engine(stage, SIZES, precision.storage, comm, global_batch=ROWS * comm.size)
+        engine = make_engine(stage, SIZES, precision.storage, comm, global_batch=rows, micro_batches=micro_batches)
         engine.init_params(0)
-        run_steps(engine, batches[:WARMUP])
+        run_steps(engine, batches[:WARMUP], micro_batches)
         peak = 0
         for k in range(MEASURED):
             before = tracemalloc.get_traced_memory()[0]
             tracemalloc.reset_peak()
-            run_steps(engine, batches[WARMUP + k:WARMUP + k + 1])
+            run_steps(engine, batches[WARMUP + k:WARMUP + k + 1], micro_batches)
             step_peak = tracemalloc.get_traced_memory()[1]
             transient[k] = step_peak - before
             peak = max(peak, step_peak - baseline)
@@ -108,3 +109,14 @@ def test_a_rank_allocates_only_what_its_stage_may_hold(stage, device, dtype):
         f"NumPy arrays alive after each step: {alive} B; the ledger's buffers: {memory.total_bytes} B")
     assert max(transient) <= TRANSIENT, f"steps allocated {transient} B and freed them"
     assert 2 * layout.max_layer_padded > 8 * TRANSIENT      # even a 16-bit layer-sized temporary would show
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_accumulating_micro_batches_allocates_nothing_per_step(stage, dtype):
+    """With --grad-accum 2 (later micro-batches add their gradients to the first's), a step still
+    allocates nothing that stays, and nothing layer-sized in passing."""
+    engine, _, alive, transient = measure(stage, "cpu", dtype, micro_batches=2)
+    assert alive == [engine.memory.total_bytes] * MEASURED
+    assert max(transient) <= TRANSIENT, f"steps allocated {transient} B and freed them"

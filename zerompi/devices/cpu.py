@@ -137,8 +137,19 @@ class CPU:
         work_dweight = work.grad_work[:dweight.size].reshape(dweight.shape)
         work_dbias = work.grad_work[dweight.size:dweight.size + dbias.size]
         layers.linear_backward(dy, x, weight, work_dweight, work_dbias, dx)
-        if accumulate:
-            dweight += work_dweight                  # next micro-batch: add
+        if accumulate and work.param_work is not None:   # next micro-batch, 16-bit: add in float32
+            # and round once. Not `dweight += work_dweight`: a ufunc between two dtypes allocates
+            # NumPy's casting buffers; copies between dtypes do not. The widened weight is used up,
+            # so param_work holds the widened gradient so far.
+            size = dweight.size + dbias.size
+            so_far = work.param_work[:size]
+            so_far[:dweight.size] = dweight.reshape(-1)
+            so_far[dweight.size:] = dbias
+            work.grad_work[:size] += so_far
+            dweight[...] = work_dweight
+            dbias[...] = work_dbias
+        elif accumulate:                             # next micro-batch, full precision: add
+            dweight += work_dweight
             dbias += work_dbias
         else:
             dweight[...] = work_dweight              # round into 16-bit storage
