@@ -147,11 +147,8 @@ def comm_elements_per_step(stage: int, num_params: float, num_ranks: int, micro_
     between micro-batches communicate per micro-batch: stage 2 reduce-scatters K times,
     (K+1)Ψ(N-1)/N; stage 3 also gathers parameters K times in forward and backward, 3KΨ(N-1)/N.
     """
-    _check(stage, num_params, num_ranks)
-    # Stages 0-1: all-reduce = reduce-scatter + all-gather (2 passes over Ψ), once per step.
-    # Stage 2: a reduce-scatter per micro-batch, one all-gather per step.
-    # Stage 3: params all-gathered in forward and in backward, grads reduce-scattered: per micro-batch.
-    passes_over_params = {0: 2, 1: 2, 2: micro_batches + 1, 3: 3 * micro_batches}[stage]
+    # the passes over Ψ of the step's collectives, as _stage_collectives lists them
+    passes_over_params = sum(c.passes for c in flat_collectives(stage, num_params, num_ranks, micro_batches))
     return passes_over_params * num_params * (num_ranks - 1) / num_ranks
 
 
@@ -214,8 +211,9 @@ def _strided(num_ranks, size):
 
 
 def _stage_collectives(stage, num_params, rings, micro_batches=1):
-    """What stage s runs on each ring per step: comm_elements_per_step's passes (with M
-    micro-batches, stage 2 reduce-scatters and stage 3 gathers and reduce-scatters M times)."""
+    """What stage s runs on each ring per step. Stages 0-1 reduce once per step (an all-reduce
+    is a reduce-scatter + an all-gather: 2 passes over Ψ); with M micro-batches, stage 2
+    reduce-scatters M times and stage 3 gathers twice and reduce-scatters, M times."""
     m = micro_batches
     if stage == 0:
         return [RingCollective("grads", 2, num_params, rings)]                # all-reduce
