@@ -229,12 +229,13 @@ class Communicator(ControlMessages):
         twin.guards = self.guards.duplicate(twin.mpi)
         return twin
 
-    def split(self, color):
-        """A Communicator over the ranks of this one that pass the same color (MPI_Comm_split, in
-        this one's rank order), recording into this one's ledger, its guards turned on alike
-        (naming ranks as the job does, Guards.split): the shard groups and replica groups of
-        zerompi/hierarchy/. Collective."""
-        sub = Communicator(self.mpi.Split(color, self.rank), self.device, self.cuda_aware)
+    def split(self, color_of):
+        """A Communicator over the ranks r of this one with the same color_of(r) as this rank
+        (MPI_Comm_split, in this one's rank order), recording into this one's ledger, its guards
+        turned on alike (naming ranks as the job does, Guards.split): the shard groups and replica
+        groups of zerompi/hierarchy/. color_of is a function of the rank, so that a plan
+        (zerompi/plan/) can tell every rank's group without MPI. Collective."""
+        sub = Communicator(self.mpi.Split(color_of(self.rank), self.rank), self.device, self.cuda_aware)
         sub.ledger = self.ledger
         sub.guards = self.guards.split(sub.mpi)
         return sub

@@ -54,8 +54,8 @@ class HybridSharding:
     """ZeRO inside groups of S consecutive ranks, data parallel across the R = N / S groups."""
 
     def __init__(self, comm, group_size):
-        self.shard_comm = comm.split(comm.rank // group_size)      # S ranks: the stage's shards span it
-        self.replica_comm = comm.split(comm.rank % group_size)     # R ranks: one of each group
+        self.shard_comm = comm.split(lambda rank: rank // group_size)      # S ranks: the stage's shards span it
+        self.replica_comm = comm.split(lambda rank: rank % group_size)     # R ranks: one of each group
         self.communicators = (self.shard_comm, self.replica_comm)
 
     def build_stage(self, stage_number, layout, memory, precision, adam_config, **options):
@@ -72,7 +72,7 @@ class Hpz:
 
     def __init__(self, comm, ranks_per_node):
         self.shard_comm = comm
-        self.node_comm = comm.split(comm.rank // ranks_per_node)
+        self.node_comm = comm.split(lambda rank: rank // ranks_per_node)
         self.communicators = (self.node_comm,)
 
     def build_stage(self, stage_number, layout, memory, precision, adam_config, **options):

@@ -1,0 +1,72 @@
+"""A plan (zerompi/plan/) is what the run does: its memory and one step's collectives equal the
+ledgers of a real run of the same configuration on this N, rank by rank.
+
+For every stage, float32 and bf16, one and two micro-batches, overlap off and on, and (where N
+allows) hybrid sharding over every group size dividing N and hpZ over every node size dividing
+N: a real engine trains STEPS steps; its MemoryLedger (every buffer: kind, name, shape, dtype,
+bytes) equals the plan's, and its CommLedger (calls, ring bytes and elements, inter-node bytes
+and elements, per operation and purpose) equals STEPS times the plan's one step.
+"""
+import numpy as np
+import pytest
+
+from helpers import make_batches, train_zero
+from zerompi.comm import Communicator
+from zerompi.hierarchy import FLAT, Grouping
+from zerompi.overlap import OverlapConfig
+from zerompi.plan import RunShape, plan_run
+from zerompi.precision import precision_for
+
+SIZES = [13, 37, 53, 7]
+STEPS = 2
+WORLD = Communicator()
+
+
+def groupings(n):
+    """Flat, then hybrid sharding for each group size S with 1 < S < N dividing N, then hpZ for
+    each node size L dividing N (the node map of this one machine says nothing of L: hpZ is
+    given it, as --hpz does on one node in the tests of zerompi.train)."""
+    hybrid = [Grouping(shard_group=s) for s in range(2, n) if n % s == 0]
+    hpz = [Grouping(hpz_node_size=node) for node in range(1, n + 1) if n % node == 0]
+    return [FLAT, *hybrid, *hpz]
+
+
+CASES = [(stage, dtype, m, overlap) for stage in range(4) for dtype in ("float32", "bfloat16")
+         for m in (1, 2) for overlap in (False, True)]
+
+
+def ledger_rows(ledger, times=1):
+    return {key: [round(value * times, 6) for value in (e[0], e[1], e[2], e[4], e[5])]
+            for key, e in ledger.entries.items()}
+
+
+def check(stage, dtype, micro_batches, overlap, grouping):
+    comm = Communicator()
+    batches = make_batches(SIZES, STEPS, rows=24 * micro_batches)
+    config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
+    engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
+                                 overlap=config, grouping=grouping)
+    assert all(r.applied for r in results)
+    engine.stage.finish_communication()          # --overlap: the last step's all-gathers recorded
+    shape = RunShape(tuple(SIZES), stage, precision_for(dtype), 24 // comm.size, comm.size, micro_batches,
+                     grouping, config, comm.node_of_rank)
+    plan = plan_run(shape, comm.rank)
+    assert plan.buffers == engine.memory.buffers
+    assert plan.bytes_by_kind == engine.memory.bytes_by_kind
+    assert ledger_rows(plan.ledger, STEPS) == ledger_rows(comm.ledger)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage, dtype, micro_batches, overlap", CASES)
+def test_plan_equals_the_ledgers_of_a_run(stage, dtype, micro_batches, overlap):
+    check(stage, dtype, micro_batches, overlap, FLAT)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_plan_equals_the_ledgers_of_a_hierarchical_run(stage, dtype):
+    for grouping in groupings(WORLD.size)[1:]:
+        if grouping.hpz_node_size and stage != 3:
+            continue
+        check(stage, dtype, 2, False, grouping)
