@@ -7,7 +7,6 @@ N: a real engine trains STEPS steps; its MemoryLedger (every buffer: kind, name,
 bytes) equals the plan's, and its CommLedger (calls, ring bytes and elements, inter-node bytes
 and elements, per operation and purpose) equals STEPS times the plan's one step.
 """
-import numpy as np
 import pytest
 
 from helpers import make_batches, train_zero
