@@ -27,7 +27,7 @@ from .comm import Communicator
 from .layout import Layout, bucket_numel
 from .hierarchy import FLAT, Grouping, hierarchy_for
 from .ledger import MemoryLedger
-from .model import MLP, init_layer_values
+from .model import MLP, init_layer_chunks
 from .overlap import OverlapConfig, start_collectives
 from .stages import STAGES
 from .stages.base import ZeroStage
@@ -44,9 +44,11 @@ class Engine:
     grouping: Grouping = FLAT   # flat ZeRO, or hybrid sharding / hpZ (zerompi/hierarchy/)
 
     def init_params(self, seed):
-        """Every rank draws the same initial values, one layer at a time, and keeps what its stage keeps."""
+        """Every rank draws the same initial values, a chunk of a layer at a time, and keeps what
+        its stage keeps."""
         for layer in self.layout.layers:
-            set_layer_params(self.stage, layer, init_layer_values(layer, seed))
+            for start, values in init_layer_chunks(layer, seed):
+                set_layer_params(self.stage, layer, values, start)
 
 
 def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=None, micro_batches=1,

@@ -52,18 +52,26 @@ def open_regular(path, error, mode="rb"):
 
 def available_bytes(ranks_on_node=1):
     """The bytes this process may still allocate (see the module docstring), or None if unknown."""
+    return memory_limit(ranks_on_node)[0]
+
+
+def memory_limit(ranks_on_node=1):
+    """(bytes this process may still allocate, which limit that is), or (None, None) if unknown."""
     limits = []
     meminfo = _read_numbers("/proc/meminfo", "MemAvailable:")
     if meminfo is not None:
-        limits.append(meminfo * 1024 // max(1, ranks_on_node))
+        limits.append((meminfo * 1024 // max(1, ranks_on_node),
+                       "the node's available memory" + (f" shared by {ranks_on_node} ranks" if ranks_on_node > 1 else "")))
     cgroup_max, cgroup_used = _read_text("/sys/fs/cgroup/memory.max"), _read_text("/sys/fs/cgroup/memory.current")
     if all(text and text.isascii() and text.isdigit() for text in (cgroup_max, cgroup_used)):
-        limits.append(max(0, int(cgroup_max) - int(cgroup_used)) // max(1, ranks_on_node))
+        limits.append((max(0, int(cgroup_max) - int(cgroup_used)) // max(1, ranks_on_node),
+                       "the cgroup's memory.max" + (f" shared by {ranks_on_node} ranks" if ranks_on_node > 1 else "")))
     address_limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     mapped = _read_numbers("/proc/self/status", "VmSize:")
     if address_limit != resource.RLIM_INFINITY and mapped is not None:
-        limits.append(max(0, address_limit - mapped * 1024))
-    return min(limits) if limits else None
+        limits.append((max(0, address_limit - mapped * 1024),
+                       "the address-space limit (ulimit -v) less what the process maps already"))
+    return min(limits, key=lambda limit: limit[0]) if limits else (None, None)
 
 
 def check_fits(nbytes, what, error, ranks_on_node=1):

@@ -35,11 +35,21 @@ import numpy as np
 from .layers import LossScratch, softmax_cross_entropy
 
 
-def init_layer_values(layer, seed):
-    """The layer's initial real elements (numel,) float64: weight row-major, then bias."""
+INIT_CHUNK = 1 << 20      # initial values are drawn this many at a time: a run's start holds a chunk, not a layer
+
+
+def init_layer_chunks(layer, seed):
+    """The layer's initial real elements (weight row-major, then bias), uniform in +-1/sqrt(in),
+    in chunks: (start, values (at most INIT_CHUNK,) float64), one random stream per layer."""
     rng = np.random.default_rng([seed, layer.index])
     bound = 1.0 / np.sqrt(layer.in_features)
-    return rng.uniform(-bound, bound, layer.numel)
+    for start in range(0, layer.numel, INIT_CHUNK):
+        yield start, rng.uniform(-bound, bound, min(INIT_CHUNK, layer.numel - start))
+
+
+def init_layer_values(layer, seed):
+    """The layer's initial real elements (numel,) float64: its chunks, one after the other."""
+    return np.concatenate([values for _, values in init_layer_chunks(layer, seed)])
 
 
 class MLP:

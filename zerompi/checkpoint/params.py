@@ -6,7 +6,8 @@ layer, and where its parameters and Adam state are. Stages 0-2 also hold the ful
 
     held_params        the layer's parameters this rank holds: all of them (stages 0-2) or the
                        owned range (stage 3), with (lo, hi)
-    set_layer_params   write values (numel,), the same on every rank, where the stage keeps them
+    set_layer_params   write values (numel,), or a chunk of them, the same on every rank, where
+                       the stage keeps them
                        (and the fp32 master copy of the owned range in mixed precision)
     full_layer_params  the layer's full parameters (padded,); collective in stage 3
 
@@ -25,21 +26,25 @@ def held_params(stage, layer):
     return owned.param, owned.range
 
 
-def set_layer_params(stage, layer, values):
-    """values (numel,) float64, the same on every rank -> the stage's parameters; in mixed
-    precision also the fp32 master copy of the owned range, so that the 16-bit parameters are
-    round(master), as after every Adam step."""
+def set_layer_params(stage, layer, values, start=0):
+    """values (n,) float64, the layer's real elements start .. start + n - 1, the same on every
+    rank -> the stage's parameters; in mixed precision also the fp32 master copy of the owned
+    range, so that the 16-bit parameters are round(master), as after every Adam step."""
     stage.finish_communication()
     values = stage.memory.device.from_numpy(values.astype(stage.precision.compute))
-    owned = stage.owned(layer)
-    lo, hi = owned.range
-    owned_values = values[lo:hi]                     # shorter than the range where it reaches padding
+    end = start + values.size
     if stage.param_full is not None:
-        stage.param_full[layer.full_offset:layer.full_offset + layer.numel] = values
-    else:
-        owned.param[:owned_values.size] = owned_values
+        stage.param_full[layer.full_offset + start:layer.full_offset + end] = values
+    owned = stage.owned(layer)
+    lo, hi = owned.range                             # of the padded layer: may reach into padding
+    first, last = max(lo, start), min(hi, end)       # what this rank owns of these values
+    if first >= last:
+        return
+    mine = values[first - start:last - start]
+    if stage.param_full is None:
+        owned.param[first - lo:last - lo] = mine
     if stage.adam.master is not None:
-        stage.adam.master[owned.state][:owned_values.size] = owned_values
+        stage.adam.master[owned.state][first - lo:last - lo] = mine
 
 
 def full_layer_params(stage, layer):

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import layers
 from ..adam import adamw_chunked
+from ..inputs import memory_limit
 from ..precision import is_16bit
 
 
@@ -52,6 +53,10 @@ class CPU:
 
     def zeros(self, shape, dtype):
         return np.zeros(shape, dtype=dtype)
+
+    def memory_available(self, ranks_on_node=1):
+        """(bytes this rank may still allocate, which limit that is): zerompi/inputs.py."""
+        return memory_limit(ranks_on_node)
 
     def holds(self, array):
         """Whether array is in this device's memory, apart from the host's (never, on the CPU)."""

@@ -65,6 +65,13 @@ class GPU(CPU):
     def zeros(self, shape, dtype):
         return self.xp.zeros(shape, dtype=dtype)
 
+    def memory_available(self, ranks_on_node=1):
+        """(free bytes of this GPU shared by the ranks that use it, that it is): the node's ranks
+        take the GPUs in turn (zerompi/devices/choice.py)."""
+        free = self.xp.cuda.runtime.memGetInfo()[0]
+        sharing = -(-ranks_on_node // self.count)
+        return free // sharing, f"the free memory of {self.name}" + (f" shared by {sharing} ranks" if sharing > 1 else "")
+
     def holds(self, array):
         return isinstance(array, self.xp.ndarray)
 

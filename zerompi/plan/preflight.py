@@ -1,0 +1,102 @@
+"""The preflight: before a run allocates anything, does its plan fit in the memory a rank may use?
+
+    need       the plan's buffers (zerompi/plan/__init__.py: what the run's MemoryLedger will
+               count, buffer by buffer)
+             + what the start of a run allocates beside them for a moment: initial values, a
+               chunk of a layer at a time, drawn in float64 and converted to the compute dtype
+               (zerompi/model.py init_layer_chunks, zerompi/checkpoint/params.py set_layer_params):
+               min(largest layer, INIT_CHUNK) x (8 + compute bytes)
+    available  what the device says a rank may still allocate (memory_available): on a CPU the
+               least of the address-space limit (ulimit -v) less what the process maps already,
+               the cgroup's memory.max less its use, and the node's available memory, each shared
+               by the ranks of the node (zerompi/inputs.py); on a GPU its free memory
+
+If need > available, one line says so with both numbers and names what would fit: the other
+stages on these N ranks (and the same hierarchical variant at other stages), or else the fewest
+ranks on which stage 3 would fit, as many rows per rank:
+
+    stage 0 on 4 ranks needs 3.3 GB per rank, 2.8 GB available (the address-space limit ...):
+    stage 2 (1.7 GB) or stage 3 (1.4 GB) fit on 4 ranks
+
+The run then exits BAD_INPUT (2) before building its engine: no parameter, gradient, optimizer
+state or work buffer is allocated. Not counted: the dataset (checked when it is read,
+zerompi/train/data.py), Python, NumPy, BLAS and MPI themselves (in what the process maps
+already, when the preflight runs), and the temporaries MPI allocates inside large collectives.
+"""
+from dataclasses import replace
+
+from ..hierarchy import FLAT, Grouping
+from ..inputs import format_bytes
+from ..model import INIT_CHUNK
+from . import plan_memory
+
+MOST_RANKS = 1 << 20         # how far the search for the fewest ranks that fit goes
+
+
+def start_transient_bytes(shape):
+    """Bytes the start of a run allocates beside the engine's buffers: one chunk of initial values
+    in float64 and in the compute dtype."""
+    largest = max((n_in + 1) * n_out for n_in, n_out in zip(shape.sizes, shape.sizes[1:]))
+    return min(largest, INIT_CHUNK) * (8 + shape.precision.compute.itemsize)
+
+
+def need_bytes(shape, rank=0, device=None):
+    """Bytes a rank of this run needs at its peak: its plan plus the start's transient."""
+    return plan_memory(shape, rank, device).total_bytes + start_transient_bytes(shape)
+
+
+def describe(shape):
+    """'stage 2', 'stage 2 in groups of 4', 'stage 3 with hpZ'."""
+    if shape.grouping.hybrid(shape.num_ranks):
+        return f"stage {shape.stage} in groups of {shape.grouping.shard_group}"
+    return f"stage {shape.stage}{' with hpZ' if shape.grouping.hpz_node_size else ''}"
+
+
+def variants(shape):
+    """The runs a user could choose instead on the same N ranks: flat stages 0-3, and the chosen
+    hierarchical variant at the stages it exists for."""
+    flat = [replace(shape, stage=s, grouping=FLAT) for s in range(4)]
+    if shape.grouping.hybrid(shape.num_ranks):
+        return flat + [replace(shape, stage=s) for s in (1, 2, 3)]
+    if shape.grouping.hpz_node_size:
+        return flat + [replace(shape, stage=3)]
+    return flat
+
+
+def fewest_ranks(shape, available, device=None):
+    """(N', bytes): the fewest ranks N' > N on which flat stage 3 needs at most `available`
+    per rank, as many rows per rank; None if not even MOST_RANKS would do."""
+    def need(n):
+        return need_bytes(replace(shape, stage=3, grouping=FLAT, num_ranks=n, node_of_rank=None), 0, device)
+    low, high = shape.num_ranks, shape.num_ranks * 2
+    while need(high) > available:              # stage 3's need falls with N: double, then bisect
+        if high >= MOST_RANKS:
+            return None
+        low, high = high, min(high * 2, MOST_RANKS)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if need(middle) > available else (low, middle)
+    return high, need(high)
+
+
+def preflight_error(shape, rank, device, ranks_on_node):
+    """One line if this rank's plan does not fit in what it may allocate (see the module
+    docstring), else None."""
+    available, limit = device.memory_available(ranks_on_node)
+    needed = need_bytes(shape, rank, device)
+    if available is None or needed <= available:
+        return None
+    head = (f"{describe(shape)} on {shape.num_ranks} ranks needs {format_bytes(needed)} per rank, "
+            f"{format_bytes(available)} available ({limit})")
+    fitting = [(describe(v), need_bytes(v, rank, device)) for v in variants(shape) if v != shape]
+    fitting = [(name, nbytes) for name, nbytes in fitting if nbytes <= available]
+    if fitting:
+        named = [f"{name} ({format_bytes(nbytes)})" for name, nbytes in fitting]
+        listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " or " + named[-1]
+        return f"{head}: {listed} {'fits' if len(named) == 1 else 'fit'} on {shape.num_ranks} ranks"
+    fewest = fewest_ranks(shape, available, device)
+    if fewest is None:
+        return f"{head}: no stage fits on up to {MOST_RANKS} ranks (see --dry-run)"
+    ranks, nbytes = fewest
+    return (f"{head}: no stage fits on {shape.num_ranks} ranks; stage 3 fits on {ranks} ranks "
+            f"({format_bytes(nbytes)} each, as many rows per rank)")
