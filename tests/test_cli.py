@@ -59,13 +59,15 @@ class Run:
                 f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}")
 
 
-def launch(n, *flags, cwd, timeout=TIMEOUT, program=("-m", "zerompi.train"), env=None):
+def launch(n, *flags, cwd, timeout=TIMEOUT, program=("-m", "zerompi.train"), env=None, preexec_fn=None):
     """Run `mpirun -n n python -m zerompi.train *flags` (or another python program) in cwd, in
-    the environment env (None: this one); returns a Run (never hangs)."""
+    the environment env (None: this one), preexec_fn run in the child first (e.g. a ulimit);
+    returns a Run (never hangs)."""
     args = [_mpirun(), "-n", str(n), sys.executable, *program, *map(str, flags)]
     start = time.perf_counter()
     process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
+                               stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env,
+                               preexec_fn=preexec_fn)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -49,6 +49,18 @@ def test_an_exception_ends_the_job_with_one_report_naming_the_rank(ranks, tmp_pa
     assert run.output.count("Traceback") == 1, run.describe()
 
 
+def test_memory_that_runs_out_after_the_preflight_is_one_line_naming_the_rank(tmp_path):
+    """The preflight found the plan fits (zerompi/plan/preflight.py), then an allocation fails
+    (another process took the memory): one line, exit OUT_OF_MEMORY (7), no traceback."""
+    run = with_fault(2, "memory", "1", 2, "--save-weights", "out.npz", cwd=tmp_path)
+    assert run.returncode == 7, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and lines[0].startswith("zerompi: error: rank 1 ran out of memory (Unable to allocate"), \
+        run.describe()
+    assert "--dry-run" in lines[0] and "Traceback" not in run.output, run.describe()
+    assert not os.path.exists(tmp_path / "out.npz")
+
+
 def test_a_rank_killed_mid_step_ends_the_job(tmp_path):
     """mpirun (MPICH's hydra) ends the whole job when one rank dies, with the watchdog off
     (measured: about 1 s); under srun that takes --kill-on-bad-exit=1, or the watchdog."""

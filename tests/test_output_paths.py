@@ -6,9 +6,7 @@ import os
 import numpy as np
 import pytest
 
-import zerompi.inputs
-from zerompi.hierarchy import FLAT, Grouping
-from zerompi.train.config import check_config, model_memory_error, parse_args
+from zerompi.train.config import check_config, parse_args
 
 
 @pytest.fixture
@@ -93,33 +91,6 @@ def test_other_paths_are_fine(inputs):
     np.savez("digits.npz", a=np.zeros(1))                    # --data digits is the shipped set, not a file
     assert verdict("--data", "digits", "--save-weights", "digits.npz") is None
     assert verdict("--data", "missing.npz", "--save-weights", "missing.npz") is None   # the load reports it
-
-
-# ----------------------------------------------------------------------------------------------
-# A model too large for this process's memory is refused before it is built
-# ----------------------------------------------------------------------------------------------
-
-def test_an_impossible_output_width_is_refused_before_building(monkeypatch):
-    monkeypatch.setattr(zerompi.inputs, "available_bytes", lambda ranks_on_node=1: 64 * 10 ** 9 // ranks_on_node)
-    cfg = parse_args(["--classes", "1000000000", "--hidden", "8", "--stage", "3"])
-    message = model_memory_error([64, 8, 10 ** 9], cfg, num_ranks=2, ranks_on_node=2, grouping=FLAT)
-    assert message == ("the parameters, gradients and Adam state per rank of the MLP 64-8-1000000000 "
-                       "(9,000,000,520 parameters, stage 3 on 2 ranks, float32) needs 72.0 GB, more than the 32.0 GB "
-                       "this process can still allocate")
-    assert model_memory_error([64, 8, 10], cfg, num_ranks=2, ranks_on_node=2, grouping=FLAT) is None
-
-
-def test_the_memory_check_counts_the_hierarchical_variants(monkeypatch):
-    """Hybrid sharding divides the state by the group, not N; hpZ adds the node's copy P Psi / L."""
-    monkeypatch.setattr(zerompi.inputs, "available_bytes", lambda ranks_on_node=1: 64 * 10 ** 9 // ranks_on_node)
-    cfg = parse_args(["--classes", "100000000", "--hidden", "8", "--stage", "3"])     # 16 x 900M = 14.4 GB
-    sizes = [64, 8, 10 ** 8]
-    assert model_memory_error(sizes, cfg, 4, 8, FLAT) is None                          # 3.6 of 8 GB
-    hybrid = model_memory_error(sizes, cfg, 4, 8, Grouping(shard_group=1))
-    assert "stage 3 on 4 ranks in groups of 1 (4 replicas)" in hybrid and "needs 14.4 GB" in hybrid
-    assert model_memory_error(sizes, cfg, 8, 16, FLAT) is None                         # 1.8 of 4 GB
-    hpz = model_memory_error(sizes, cfg, 8, 16, Grouping(hpz_node_size=1))             # 1.8 + 3.6 GB
-    assert "with hpZ (1 per node)" in hpz and "needs 5.4 GB" in hpz
 
 
 @pytest.mark.parametrize("name", ["w.safetensors", "w.NPZ", "weights"])

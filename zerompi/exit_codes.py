@@ -19,6 +19,10 @@ so a job script can branch on mpirun's status:
                             (zerompi/observe/collective_check.py)
     COLLECTIVE_TIMEOUT   6  a collective waited past --collective-timeout: the watchdog ended
                             the job (zerompi/observe/watchdog.py)
+    OUT_OF_MEMORY        7  memory ran out after the preflight had found the plan fits (other
+                            processes took memory, fragmentation): one line naming the rank,
+                            no traceback; the run's outputs are as a killed run leaves them
+                            (checkpoints whole: each is written to a temporary name first)
     INTERRUPTED        130  a signal ended the run at once, without a checkpoint: SIGINT, SIGTERM
                             or SIGUSR1 outside the training loop, SIGINT or SIGTERM in it without
                             --save-dir, or a second SIGINT (zerompi/train/signals.py); 130 is the
@@ -38,6 +42,7 @@ class ExitCode(IntEnum):
     PREEMPTED = 4
     COLLECTIVE_MISMATCH = 5
     COLLECTIVE_TIMEOUT = 6
+    OUT_OF_MEMORY = 7
     INTERRUPTED = 130
 
 
@@ -50,5 +55,6 @@ EXIT_MEANINGS = {
     ExitCode.PREEMPTED: "signalled with --save-dir: checkpoint written; --resume",
     ExitCode.COLLECTIVE_MISMATCH: "--check-collectives: the ranks disagreed",
     ExitCode.COLLECTIVE_TIMEOUT: "a collective waited past --collective-timeout",
+    ExitCode.OUT_OF_MEMORY: "memory ran out after the preflight: one line",
     ExitCode.INTERRUPTED: "a signal ended the run at once, no checkpoint",
 }

@@ -16,7 +16,8 @@ compares the bytes they would allocate with what this process may still use befo
 allocated, so a file that lies about its size costs one line, not the node's memory:
 
     available = min( MemAvailable (/proc/meminfo) / ranks sharing the node,
-                     the cgroup's memory.max - memory.current,
+                     the cgroup's limit - usage (v2 memory.max, v1 memory.limit_in_bytes;
+                       the tightest of its own and its ancestors', / ranks sharing it),
                      the address-space limit (ulimit -v) - what the process maps already )
 
 A limit the system does not report is left out; where none is known, nothing is refused.
@@ -62,16 +63,49 @@ def memory_limit(ranks_on_node=1):
     if meminfo is not None:
         limits.append((meminfo * 1024 // max(1, ranks_on_node),
                        "the node's available memory" + (f" shared by {ranks_on_node} ranks" if ranks_on_node > 1 else "")))
-    cgroup_max, cgroup_used = _read_text("/sys/fs/cgroup/memory.max"), _read_text("/sys/fs/cgroup/memory.current")
-    if all(text and text.isascii() and text.isdigit() for text in (cgroup_max, cgroup_used)):
-        limits.append((max(0, int(cgroup_max) - int(cgroup_used)) // max(1, ranks_on_node),
-                       "the cgroup's memory.max" + (f" shared by {ranks_on_node} ranks" if ranks_on_node > 1 else "")))
+    cgroup = cgroup_room()
+    if cgroup is not None:
+        limits.append((cgroup[0] // max(1, ranks_on_node),
+                       cgroup[1] + (f" shared by {ranks_on_node} ranks" if ranks_on_node > 1 else "")))
     address_limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     mapped = _read_numbers("/proc/self/status", "VmSize:")
     if address_limit != resource.RLIM_INFINITY and mapped is not None:
         limits.append((max(0, address_limit - mapped * 1024),
                        "the address-space limit (ulimit -v) less what the process maps already"))
     return min(limits, key=lambda limit: limit[0]) if limits else (None, None)
+
+
+# where each cgroup version keeps a memory limit: (mounts of the controller, limit file, usage file)
+CGROUP_V2 = (("/sys/fs/cgroup", "/sys/fs/cgroup/unified"), "memory.max", "memory.current")
+CGROUP_V1 = (("/sys/fs/cgroup/memory",), "memory.limit_in_bytes", "memory.usage_in_bytes")
+
+
+def cgroup_room():
+    """(bytes, which file) the tightest memory cgroup around this process has left: the least of
+    limit - usage over its cgroup and their ancestors (a job's limit may sit on a parent: Slurm's
+    job_N above step_M), in cgroup v2 ("0::/path" in /proc/self/cgroup) or v1 ("N:memory:/path");
+    None where no limit is set."""
+    room = None
+    for line in (_read_text("/proc/self/cgroup") or "").splitlines():
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0":
+            mounts, limit_file, usage_file = CGROUP_V2
+        elif "memory" in controllers.split(","):
+            mounts, limit_file, usage_file = CGROUP_V1
+        else:
+            continue
+        for mount in mounts:
+            folder = path
+            while folder.startswith("/"):
+                limit = _read_text(mount + folder.rstrip("/") + "/" + limit_file)
+                used = _read_text(mount + folder.rstrip("/") + "/" + usage_file)
+                numbers = all(text and text.isascii() and text.isdigit() for text in (limit, used))
+                if numbers and int(limit) < 1 << 62:          # v1 writes "no limit" as a huge number
+                    left = max(0, int(limit) - int(used))
+                    if room is None or left < room[0]:
+                        room = (left, f"the cgroup's {limit_file} in {mount + folder}")
+                folder = "" if folder == "/" else os.path.dirname(folder)
+    return room
 
 
 def check_fits(nbytes, what, error, ranks_on_node=1):

@@ -5,6 +5,8 @@
 RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on those ranks only:
 
     raise       train_step raises RuntimeError                     (an exception on some ranks)
+    memory      train_step raises NumPy's MemoryError, as an allocation the preflight did not
+                foresee would (another process took the memory)
     kill        the process sends itself SIGKILL, mid-step          (a rank that dies)
     stop        the process sends itself SIGSTOP, mid-step          (a rank that hangs)
     stop-after  the process sends itself SIGSTOP once the step is done (a rank that hangs between
@@ -67,6 +69,8 @@ def faulty_train_step(engine, micro_batches, *args):
         return real_train_step(engine, micro_batches, *args)
     if fault == "raise":
         raise RuntimeError(f"injected fault at step {step}")
+    if fault == "memory":
+        np.empty(1 << 62, dtype=np.uint8)              # NumPy's own MemoryError: "Unable to allocate ..."
     if fault in ("kill", "stop"):
         os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     if fault == "stop-after":

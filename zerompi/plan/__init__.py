@@ -43,6 +43,7 @@ class RunShape:
     grouping: object = FLAT          # flat, hybrid sharding or hpZ (zerompi/hierarchy/)
     overlap: object = OverlapConfig()
     node_of_rank: tuple = None       # None: all ranks on one node
+    reads_layers: bool = False       # starts from --init-weights or a checkpoint: whole layers read
 
     @property
     def num_params(self):

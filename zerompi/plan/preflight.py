@@ -5,7 +5,15 @@
              + what the start of a run allocates beside them for a moment: initial values, a
                chunk of a layer at a time, drawn in float64 and converted to the compute dtype
                (zerompi/model.py init_layer_chunks, zerompi/checkpoint/params.py set_layer_params):
-               min(largest layer, INIT_CHUNK) x (8 + compute bytes)
+               min(largest layer, INIT_CHUNK) x (8 + compute bytes); a run that starts from
+               --init-weights or a checkpoint reads a whole layer at a time instead
+               (zerompi/checkpoint/): the largest layer x (8 + compute bytes)
+             + what the libraries allocate once the run has started: MPI's scratch inside a
+               large collective (MPICH's Allreduce and Reduce_scatter_block allocate up to
+               the buffer they are handed: the largest call of the plan's step), and
+               RUNTIME_RESERVE for the rest (BLAS's GEMM buffers, the batches, the report;
+               measured 7-42 MB beyond the scratch on CPU runs of 2-4 ranks with MPICH and
+               OpenBLAS, tests/test_preflight_limits.py)
     available  what the device says a rank may still allocate (memory_available): on a CPU the
                least of the address-space limit (ulimit -v) less what the process maps already,
                the cgroup's memory.max less its use, and the node's available memory, each shared
@@ -20,29 +28,37 @@ ranks on which stage 3 would fit, as many rows per rank:
 
 The run then exits BAD_INPUT (2) before building its engine: no parameter, gradient, optimizer
 state or work buffer is allocated. Not counted: the dataset (checked when it is read,
-zerompi/train/data.py), Python, NumPy, BLAS and MPI themselves (in what the process maps
-already, when the preflight runs), and the temporaries MPI allocates inside large collectives.
+zerompi/train/data.py) and what Python, NumPy, BLAS and MPI map before the preflight (in what
+the process maps already).
 """
 from dataclasses import replace
 
-from ..hierarchy import FLAT, Grouping
+from ..hierarchy import FLAT
 from ..inputs import format_bytes
 from ..model import INIT_CHUNK
-from . import plan_memory
+from . import plan_run
 
 MOST_RANKS = 1 << 20         # how far the search for the fewest ranks that fit goes
+RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, beside MPI's scratch
 
 
 def start_transient_bytes(shape):
     """Bytes the start of a run allocates beside the engine's buffers: one chunk of initial values
-    in float64 and in the compute dtype."""
+    (or one layer read from a file) in float64 and in the compute dtype."""
     largest = max((n_in + 1) * n_out for n_in, n_out in zip(shape.sizes, shape.sizes[1:]))
-    return min(largest, INIT_CHUNK) * (8 + shape.precision.compute.itemsize)
+    return (largest if shape.reads_layers else min(largest, INIT_CHUNK)) * (8 + shape.precision.compute.itemsize)
+
+
+def runtime_bytes(plan):
+    """What the libraries allocate once the run has started: MPI's scratch, up to the largest
+    buffer of the step's calls, and RUNTIME_RESERVE."""
+    return max(call.nbytes for call in plan.calls) + RUNTIME_RESERVE
 
 
 def need_bytes(shape, rank=0, device=None):
-    """Bytes a rank of this run needs at its peak: its plan plus the start's transient."""
-    return plan_memory(shape, rank, device).total_bytes + start_transient_bytes(shape)
+    """Bytes a rank of this run needs at its peak (see the module docstring)."""
+    plan = plan_run(shape, rank, device)
+    return plan.total_bytes + start_transient_bytes(shape) + runtime_bytes(plan)
 
 
 def describe(shape):

@@ -29,8 +29,7 @@ from .output_paths import output_overwrites_input
 from .version import version_text
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import EXIT_MEANINGS, ExitCode
-from ..inputs import check_fits
-from ..precision import DTYPE_NAMES, precision_for
+from ..precision import DTYPE_NAMES
 from .schedule import SCHEDULES
 
 
@@ -229,6 +228,17 @@ def _epilog():
     return "\n".join(lines)
 
 
+def add_planning_flags(parser):
+    """--dry-run and its two numbers, for build_parser (zerompi/train/config.py)."""
+    group = parser.add_argument_group("planning (docs/planning.md)")
+    group.add_argument("--dry-run", action="store_true", help="print the plan of the run (each rank's bytes "
+                       "by kind and one step's collectives, every stage side by side) and exit, without MPI")
+    group.add_argument("--ranks", type=int, metavar="N", help="--dry-run: plan for N ranks (default: the "
+                       "launcher's)")
+    group.add_argument("--ranks-per-node", type=int, metavar="L", help="--dry-run: L ranks on each node, in "
+                       "blocks (default: the launcher's, else all on one node)")
+
+
 def build_parser(rank=0):
     p = _Parser(rank, prog="python -m zerompi.train", usage="mpirun -n N %(prog)s [options]",
                 description="Train an MLP data-parallel over MPI ranks with ZeRO stage 0-3.",
@@ -241,6 +251,7 @@ def build_parser(rank=0):
         if group not in groups:
             groups[group] = p.add_argument_group(group)
         groups[group].add_argument(f"--{f.name.replace('_', '-')}", **_flag(f))
+    add_planning_flags(p)
     return p
 
 
@@ -371,20 +382,3 @@ def check_config(cfg, num_ranks):
         return (f"--save-weights {cfg.save_weights} writes a consolidated .npz, so its name must end in .npz "
                 f"(for safetensors: --save-dir, then python -m zerompi.checkpoint export CKPT OUT.safetensors)")
     return overwrites
-
-
-def model_memory_error(sizes, cfg, num_ranks, ranks_on_node, grouping):
-    """One line if the MLP's parameters, gradients and Adam state per rank (zerompi.memory's
-    formulas for cfg.stage, cfg.dtype and the grouping; activations and buffers come on top) need
-    more memory than this process may still allocate, ranks_on_node sharing the node's; else None."""
-    num_params = sum((n_in + 1) * n_out for n_in, n_out in zip(sizes, sizes[1:]))
-    per_rank = grouping.model_state_bytes(cfg.stage, num_params, num_ranks, precision_for(cfg.dtype).bytes_per_param())
-    model = (f"{'-'.join(map(str, sizes))} ({num_params:,} parameters, "
-             f"{grouping.describe(cfg.stage, num_ranks).replace('ZeRO stage', 'stage')}, {cfg.dtype})")
-    try:
-        check_fits(per_rank["total"], f"the parameters, gradients and Adam state per rank of the MLP {model}",
-                   ArgumentError, ranks_on_node)
-    except ArgumentError as e:
-        return str(e)
-    return None
-

@@ -55,11 +55,11 @@ from ..exit_codes import ExitCode
 from ..ledger import GRADS, METRICS, PARAMS
 from ..observe.trace import Tracer, create_trace_file
 from ..observe.watchdog import await_announced_abort, report_then_abort, stagger
-from ..overlap import OverlapConfig
+from ..plan.preflight import preflight_error
 from ..precision import Precision, precision_for
 from ..step import count_correct, train_step
 from .batches import MicroBatches
-from .config import TrainConfig, check_config, device_choice, model_memory_error, parse_args
+from .config import TrainConfig, check_config, device_choice, parse_args
 from .data import Dataset, load_data
 from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
 from .errors import ArgumentError
@@ -67,6 +67,7 @@ from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variab
 from .loss_scale import LossScaler, loss_scale_error
 from .destination import live_progress
 from .metrics import MetricsFile, StepMetrics, slurm_restarts
+from .planning import overlap_config, run_shape
 from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
@@ -118,12 +119,12 @@ def setup(cfg, comm, out):
     M = cfg.grad_accum
     rows = cfg.micro_batch_size                              # this rank's rows of one micro-batch
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
-    overlap = OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
+    overlap = overlap_config(cfg)
     comm.check_all(comm.thread_level_error() if overlap.enabled else None)
     grouping, error = resolve_grouping(cfg, comm)            # where the ranks are: the node map
     comm.check_all(error)
-    comm.check_all(None if comm.device.is_gpu else model_memory_error(sizes, cfg, comm.size, ranks_on_node,
-                                                                      grouping))
+    shape = run_shape(cfg, sizes, comm.size, grouping, comm.node_of_rank)   # zerompi/plan/: before allocating
+    comm.check_all(preflight_error(shape, comm.rank, comm.device, ranks_on_node))
     engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, M, overlap, grouping)
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
@@ -359,6 +360,13 @@ def main(argv=None):
         release_locks()                        # MPI_Abort skips atexit, which would release --save-dir's lock
         time.sleep(stagger(comm.rank))         # every rank signalled at once: the lowest one reports
         report_then_abort(f"zerompi: error: rank {comm.rank}: {e}", comm.mpi.Abort, ExitCode.INTERRUPTED)
+    except MemoryError as e:                   # after the preflight (zerompi/plan/preflight.py): one line
+        signals.stand_down()
+        release_locks()
+        time.sleep(stagger(comm.rank))
+        report_then_abort(f"zerompi: error: rank {comm.rank} ran out of memory ({e}) although its plan fit "
+                          f"when the run started: other processes took memory, or it fragmented; "
+                          f"`--dry-run` shows the plan", comm.mpi.Abort, ExitCode.OUT_OF_MEMORY)
     except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
         signals.stand_down()
         release_locks()

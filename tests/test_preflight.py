@@ -1,0 +1,142 @@
+"""The preflight's arithmetic and its one line (zerompi/plan/preflight.py), and --dry-run's text
+and errors (zerompi/train/planning.py), single-process: a device whose available memory the test
+sets stands for the limits (tests/test_preflight_limits.py goes through the real ones)."""
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from zerompi.devices.cpu import CPU
+from zerompi.hierarchy import FLAT, Grouping
+from zerompi.layout import Layout
+from zerompi.model import INIT_CHUNK
+from zerompi.plan import RunShape, plan_memory, plan_run
+from zerompi.plan.preflight import (RUNTIME_RESERVE, fewest_ranks, need_bytes, preflight_error,
+                                    start_transient_bytes)
+from zerompi.precision import precision_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIDE = RunShape((64, 8192, 8192, 8192, 8192, 10), 0, precision_for("float32"), 16, 4)   # the docs' demo
+
+
+class Limited(CPU):
+    """The CPU, with `available` bytes per rank."""
+
+    def __init__(self, available):
+        self.available = available
+
+    def memory_available(self, ranks_on_node=1):
+        return self.available, "set by the test"
+
+
+def test_need_is_the_plan_plus_the_init_chunk_plus_mpi_scratch_and_the_reserve():
+    plan = plan_run(WIDE)
+    largest_call = max(call.nbytes for call in plan.calls)
+    assert largest_call == (8193 * 8192 + 81_932) * 4    # stage 0: the bucket of the last two layers
+    assert start_transient_bytes(WIDE) == INIT_CHUNK * (8 + 4)
+    assert start_transient_bytes(replace(WIDE, reads_layers=True)) == 8193 * 8192 * (8 + 4)   # --init-weights
+    assert need_bytes(WIDE) == plan.total_bytes + INIT_CHUNK * 12 + largest_call + RUNTIME_RESERVE
+    # the model state of the plan is the seed formula exactly (no padding: 8193 * 8192 divides by 4)
+    state = sum(plan.bytes_by_kind[k] for k in ("params", "grads", "optimizer"))
+    assert state == 16 * WIDE.num_params + 16 * 2          # the 10-wide output layer pads 82 -> 84 (x 16 B)
+
+
+def test_at_the_boundary_the_plan_fits_and_one_byte_less_does_not():
+    need = need_bytes(WIDE)
+    assert preflight_error(WIDE, 0, Limited(need), 4) is None
+    assert preflight_error(WIDE, 0, Limited(need - 1), 4) is not None
+
+
+def test_a_refusal_names_the_stages_that_fit_on_these_ranks_with_their_needs():
+    needs = [need_bytes(replace(WIDE, stage=s)) for s in range(4)]
+    assert needs[0] > needs[1] > needs[2] > needs[3]
+    message = preflight_error(WIDE, 0, Limited(needs[1] - 1), 4)
+    assert message == (f"stage 0 on 4 ranks needs {needs[0] / 1e9:.1f} GB per rank, {(needs[1] - 1) / 1e9:.1f} GB "
+                       f"available (set by the test): stage 2 ({needs[2] / 1e9:.1f} GB) or stage 3 "
+                       f"({needs[3] / 1e9:.1f} GB) fit on 4 ranks")
+    assert "\n" not in message
+    one = preflight_error(WIDE, 0, Limited(needs[3]), 4)
+    assert one.endswith(f"stage 3 ({needs[3] / 1e9:.1f} GB) fits on 4 ranks")
+
+
+def test_when_no_stage_fits_it_names_the_fewest_ranks_on_which_stage_3_does():
+    shape = replace(WIDE, stage=3)
+    available = need_bytes(replace(shape, num_ranks=16)) + 1000
+    ranks, nbytes = fewest_ranks(shape, available)
+    assert ranks == 16 and nbytes <= available
+    assert need_bytes(replace(shape, num_ranks=15)) > available      # 15 would not do
+    message = preflight_error(shape, 0, Limited(available), 4)
+    assert message.endswith(f"no stage fits on 4 ranks; stage 3 fits on 16 ranks ({nbytes / 1e9:.1f} GB each, "
+                            f"as many rows per rank)")
+    tiny = preflight_error(shape, 0, Limited(10 ** 6), 4)           # the scratch alone exceeds it
+    assert tiny.endswith("no stage fits on up to 1048576 ranks (see --dry-run)")
+
+
+def test_the_hierarchical_variants_are_planned_and_offered_at_their_stages():
+    hybrid = replace(WIDE, stage=1, num_ranks=8, grouping=Grouping(shard_group=2))
+    needs = {s: need_bytes(replace(hybrid, stage=s)) for s in (1, 2, 3)}
+    assert plan_memory(hybrid).bytes_by_kind["optimizer"] == 8 * Layout(WIDE.sizes, 2).full_numel // 2   # K Psi_pad / S
+    message = preflight_error(hybrid, 0, Limited(needs[2]), 8)
+    assert message.startswith("stage 1 in groups of 2 on 8 ranks needs")
+    assert f"stage 2 in groups of 2 ({needs[2] / 1e9:.1f} GB)" in message
+    hpz = replace(WIDE, stage=3, num_ranks=8, grouping=Grouping(hpz_node_size=4))
+    flat3 = replace(hpz, grouping=FLAT)
+    secondary = plan_memory(hpz).bytes_by_kind["params"] - plan_memory(flat3).bytes_by_kind["params"]
+    assert secondary == 4 * Layout(WIDE.sizes, 8).full_numel // 4     # the node's slice, P Psi_pad / L
+    message = preflight_error(hpz, 0, Limited(need_bytes(flat3)), 8)
+    assert message.startswith("stage 3 with hpZ on 8 ranks needs") and message.endswith("stage 3 (" +
+                                                                                        f"{need_bytes(flat3) / 1e9:.1f} GB) fits on 8 ranks")
+
+
+def dry_run(*flags, env=None):
+    return subprocess.run([sys.executable, "-m", "zerompi.train", "--dry-run", *map(str, flags)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_dry_run_prints_the_plan_of_every_stage_without_mpi():
+    run = dry_run("--ranks", 4, "--hidden", "8192,8192,8192,8192", "--batch-size", 64, "--stage", 0)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "zerompi dry run: MLP 64-8192-8192-8192-8192-10 (201,965,578 parameters), float32"
+    assert "4 ranks on 1 node, 16 rows per rank x 1 micro-batch" in lines[1]
+    assert lines[3].split() == ["per", "rank", "st", "0*", "st", "1", "st", "2", "st", "3"]
+    plans = [plan_run(replace(WIDE, stage=s)) for s in range(4)]
+    optimizer = next(line for line in lines if line.startswith("  optimizer")).split()[1:]
+    assert optimizer == ["1.6", "GB", "403.9", "MB", "403.9", "MB", "403.9", "MB"]
+    assert [p.bytes_by_kind["optimizer"] for p in plans] == [8 * 201_965_580] + [2 * 201_965_580] * 3
+    gathers = next(line for line in lines if line.startswith("  all-gathers")).split()[1:]
+    assert gathers == ["0", "5", "5", "10"]
+    assert "    1 x all-reduce of 56 B over 4 ranks" in lines         # the step's sums: 5 + 2 float64
+
+
+def test_dry_run_takes_n_from_the_launcher_and_nodes_from_the_flag():
+    env = dict(os.environ, PMI_SIZE="8", PMI_RANK="0")
+    run = dry_run("--ranks-per-node", 4, "--stage", 3, "--hpz", env=env)
+    assert run.returncode == 0, run.stderr
+    assert "8 ranks on 2 nodes" in run.stdout and "st 3 hpZ*" in run.stdout
+    quiet = dry_run("--stage", 1, env=dict(env, PMI_RANK="3"))
+    assert quiet.returncode == 0 and quiet.stdout == ""                # only the launcher's rank 0 prints
+
+
+@pytest.mark.parametrize("flags, message", [
+    ((), "--dry-run needs --ranks N (or a launcher that starts N processes)"),
+    (("--ranks", 0), "--ranks must be >= 1, got 0"),
+    (("--ranks", 4, "--ranks-per-node", 5), "--ranks-per-node must be in 1..4, got 5"),
+    (("--ranks", 4, "--stage", 0, "--shard-group", 2), "--shard-group shards ZeRO's state: it needs --stage 1, 2 or 3"),
+    (("--ranks", 3, "--hidden", "0"), "argument --hidden: widths must be positive integers, got '0'"),
+])
+def test_dry_run_errors_are_one_line_exit_2(flags, message):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_"))}
+    run = dry_run(*flags, env=env)
+    assert run.returncode == 2 and run.stdout == "", run.stdout
+    assert run.stderr.strip().splitlines() == [f"zerompi: error: {message}"], run.stderr
+
+
+def test_ranks_without_dry_run_is_refused():
+    run = subprocess.run([sys.executable, "-m", "zerompi.train", "--ranks", "4"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip() == ("zerompi: error: --ranks and --ranks-per-node plan a run with --dry-run; a run "
+                                  "has the launcher's ranks")
