@@ -101,3 +101,22 @@ def test_plot_loss_and_timeline_draw_real_runs(tmp_path):
     assert the_default_figure(work) == os.path.join("runs", "figures", "timeline.png")
     run_example("plot_timeline.py", "t.json", "--out", "a/b/t.png", cwd=work)       # --out: its folder created
     assert png_size(work / "a" / "b" / "t.png")[0] >= MIN_WIDTH
+
+
+def test_memory_preflight_example_refuses_stage_0_and_trains_stage_3(tmp_path):
+    """examples/memory_preflight.sh, as docs/planning.md shows it (each rank needs 1.7 GB at
+    stage 3: skipped where the node has less than 8 GB available for the 4 ranks)."""
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    if available < 8e9:
+        pytest.skip(f"the example's 4 ranks need 8 GB of available memory, this machine has {available / 1e9:.1f}")
+    env = dict(os.environ, PATH=os.path.dirname(mpirun()) + os.pathsep + os.environ["PATH"])
+    result = subprocess.run(["sh", os.path.join(ROOT, "examples", "memory_preflight.sh")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    out = result.stdout + result.stderr
+    errors = [line for line in out.splitlines() if line.startswith("zerompi: error:")]
+    assert len(errors) == 1 and errors[0].startswith("zerompi: error: stage 0 on 4 ranks needs "), out
+    assert "(the address-space limit (ulimit -v)" in errors[0] and errors[0].endswith("fit on 4 ranks"), out
+    assert "stage 3 (" in errors[0], out
+    assert out.count("exit status 2") == 1 and out.count("exit status 0") == 1, out
+    assert "held-out accuracy" in out and "Traceback" not in out, out
