@@ -1,6 +1,6 @@
 """Hybrid sharding (--shard-group node) and hpZ (--hpz) across the emulated cluster's nodes:
 equivalence with single-process AdamW (tests/mpi/test_hierarchical_on_nodes.py, run across the
-nodes) at N = 4, 6, 8 on 2 and 4 nodes, and the ledger's intra- and inter-node bytes of a real
+nodes) at N = 4, 6, 8 on 2 and 4 nodes, plans equal to the ledgers across 2 nodes, and the ledger's intra- and inter-node bytes of a real
 training run equal to the ring model's formula for every rank (zerompi.memory.ring_traffic).
 """
 import json
@@ -23,6 +23,17 @@ def test_hierarchical_variants_equal_single_process_adamw_across_nodes(emulated_
     command = [sys.executable, os.path.join(ROOT, "tests", "support", "mpi_launch.py"), "-q", "-x", "-p",
                "no:cacheprovider", "--with-mpi", os.path.join(ROOT, "tests", "mpi", "test_hierarchical_on_nodes.py")]
     result = run_across(emulated_cluster, ppn, command, num_nodes=nodes, timeout=360)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+@pytest.mark.timeout(400)
+def test_plans_equal_the_ledgers_across_nodes(emulated_cluster):
+    """zerompi/plan/ on 2 nodes x 2 ranks: every stage's and variant's plan, inter-node bytes
+    included, equals the ledgers of a real run (tests/mpi/test_plan_equals_ledger.py)."""
+    command = [sys.executable, os.path.join(ROOT, "tests", "support", "mpi_launch.py"), "-q", "-x", "-p",
+               "no:cacheprovider", "--with-mpi", os.path.join(ROOT, "tests", "mpi", "test_plan_equals_ledger.py")]
+    result = run_across(emulated_cluster, 2, command, num_nodes=2, timeout=360)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
 

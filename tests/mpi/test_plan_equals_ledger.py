@@ -53,6 +53,8 @@ def check(stage, dtype, micro_batches, overlap, grouping):
     assert plan.buffers == engine.memory.buffers
     assert plan.bytes_by_kind == engine.memory.bytes_by_kind
     assert ledger_rows(plan.ledger, STEPS) == ledger_rows(comm.ledger)
+    if comm.across_nodes and grouping == FLAT:          # on several nodes (the emulated cluster): counted
+        assert plan.ledger.inter_node({"grads", "params", "metrics"})[0] > 0
 
 
 @pytest.mark.mpi(min_size=1)
