@@ -5,9 +5,10 @@ build_engine: layout, stage, Adam state, staging, activations), on one rank of N
 without memory:
 
     VirtualDevice(device)    zeros(shape, dtype) returns an array of that shape and dtype whose
-                             every element is one shared element (stride 0): its .nbytes is what
-                             the run would allocate, and nothing is allocated. Everything else is
-                             the real device's (the CPU, or a GPU's operand dtypes and work buffers)
+                             every element is one shared element (stride 0), writes to which do
+                             nothing: its .nbytes is what the run would allocate, and nothing is
+                             allocated. Everything else is the real device's (the CPU, or a GPU's
+                             operand dtypes and work buffers)
     PlannedCommunicator      rank r of N ranks on the given nodes: the real Communicator's
                              collectives, staging and ledger, over a transport that moves nothing
                              and notes each call MPI would get (PlannedCall)
@@ -26,11 +27,25 @@ from ..nodes import number_nodes, sends_across_nodes
 from ..observe.guards import Guards
 
 
+class VirtualArray(np.ndarray):
+    """An array whose every element is one shared element (stride 0), and on which writes and
+    in-place arithmetic do nothing: a plan never reads a value, and copying 67 million elements
+    onto one (16-bit reductions widen a layer into float32 staging) would cost a second."""
+
+    def __setitem__(self, index, value):
+        """Nothing to write."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        if out is None:
+            return NotImplemented             # a plan computes nothing new: TypeError
+        return out[0] if len(out) == 1 else out
+
+
 def virtual_array(shape, dtype):
-    """An array of `shape` and `dtype` that allocates one element: every index reads and writes it."""
+    """An array of `shape` and `dtype` that allocates one element (VirtualArray)."""
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     one = np.zeros(1, dtype=dtype)
-    return np.lib.stride_tricks.as_strided(one, shape=shape, strides=(0,) * len(shape))
+    return np.lib.stride_tricks.as_strided(one, shape=shape, strides=(0,) * len(shape)).view(VirtualArray)
 
 
 class VirtualDevice:
