@@ -122,7 +122,8 @@ def test_dry_run_takes_n_from_the_launcher_and_nodes_from_the_flag():
 
 @pytest.mark.parametrize("flags, message", [
     ((), "--dry-run needs --ranks N (or a launcher that starts N processes)"),
-    (("--ranks", 0), "--ranks must be >= 1, got 0"),
+    (("--ranks", 0), "--ranks must be in 1..1048576, got 0"),
+    (("--ranks", 10 ** 12), "--ranks must be in 1..1048576, got 1000000000000"),
     (("--ranks", 4, "--ranks-per-node", 5), "--ranks-per-node must be in 1..4, got 5"),
     (("--ranks", 4, "--stage", 0, "--shard-group", 2), "--shard-group shards ZeRO's state: it needs --stage 1, 2 or 3"),
     (("--ranks", 3, "--hidden", "0"), "argument --hidden: widths must be positive integers, got '0'"),

@@ -35,7 +35,7 @@ from ..inputs import format_bytes
 from ..ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
 from ..overlap import OverlapConfig
 from ..plan import RunShape, plan_run
-from ..plan.preflight import describe, need_bytes, preflight_error, runtime_bytes, start_transient_bytes
+from ..plan.preflight import MOST_RANKS, describe, need_bytes, preflight_error, runtime_bytes, start_transient_bytes
 from ..plan.virtual import PlannedCommunicator
 from ..precision import precision_for
 
@@ -84,8 +84,8 @@ def dry_run_text(argv, environ, ranks, ranks_per_node):
     num_ranks = ranks if ranks is not None else first_number(environ, LAUNCHER_SIZE_VARIABLES) or None
     if num_ranks is None:
         raise ArgumentError("--dry-run needs --ranks N (or a launcher that starts N processes)")
-    if num_ranks < 1:
-        raise ArgumentError(f"--ranks must be >= 1, got {num_ranks}")
+    if not 1 <= num_ranks <= MOST_RANKS:
+        raise ArgumentError(f"--ranks must be in 1..{MOST_RANKS}, got {num_ranks}")
     per_node = ranks_per_node if ranks_per_node is not None else first_number(environ, LOCAL_SIZE_VARIABLES)
     per_node = per_node if ranks_per_node is not None or per_node else num_ranks
     if not 1 <= per_node <= num_ranks:
