@@ -222,3 +222,15 @@ def test_device_choice_reads_the_command_line_then_the_toml_config(tmp_path):
     assert device_choice(["--config", str(toml), "--device", "gpu"]) == "gpu"      # the command line wins
     assert device_choice(["--device"]) == "auto"                                    # reported later
     assert device_choice(["--config", str(tmp_path / "missing.toml")]) == "auto"    # reported later
+
+
+def test_a_gpu_offers_its_free_memory_shared_by_the_ranks_that_use_it():
+    """The preflight's `available` on a GPU (zerompi/plan/preflight.py): cudaMemGetInfo's free
+    bytes, divided among the node's ranks that share each GPU (they take the GPUs in turn)."""
+    cupy = fake_cupy(count=2)
+    cupy.cuda.runtime.memGetInfo = lambda: (80 * 10 ** 9, 141 * 10 ** 9)
+    gpu = GPU(cupy, 0, 2)
+    assert gpu.memory_available(1) == (80 * 10 ** 9, "the free memory of gpu 0 of 2 (Stand-in GPU)")
+    assert gpu.memory_available(2) == (80 * 10 ** 9, "the free memory of gpu 0 of 2 (Stand-in GPU)")
+    assert gpu.memory_available(5) == (80 * 10 ** 9 // 3,
+                                       "the free memory of gpu 0 of 2 (Stand-in GPU) shared by 3 ranks")
