@@ -14,7 +14,10 @@ about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying w
        operations (zerompi/devices/gpu.py) must equal the CPU device's on small-integer inputs
        (exact products: bitwise, the GELUs to CUDA's tanh and one 16-bit rounding; AdamW to
        float32 rounding)
-    3. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32, fp16 and
+    3. the memory preflight (docs/planning.md): the plan of a GPU run (zerompi/plan/ on the GPU
+       device) equals its ledger, and a model larger than the GPU's free memory is refused
+       before anything is allocated: one line naming the GPU's free memory, exit 2
+    4. speed: the benchmark MLP (1024 -> 4 x 2048 -> 10, GELU) on one rank, float32, fp16 and
        bf16: the step's TFLOP/s (6 flops per weight per row: forward 2, backward 4) beside the
        GPU's rate for the GEMM the step runs (zerompi.devices.gemm: 16-bit operands on tensor cores,
        float32 out) at the step's largest shape and at 8192^3, measured in the same run
@@ -114,6 +117,38 @@ def correctness(cuda_aware, folder, report):
         report(f"  stage 3  N=1  nccl    float64  max rel diff {diff:.1e}  {'ok' if diff <= 1e-10 else 'FAILED'}")
     else:
         report("  --comm nccl: skipped, CuPy finds no NCCL")
+    return ok
+
+
+def preflight_on_gpu(device, report):
+    """docs 3.: the plan against a GPU run's --report json, and a refusal."""
+    import json
+    from zerompi.ledger import MEMORY_KINDS
+    from zerompi.plan import RunShape, plan_memory
+    from zerompi.precision import precision_for
+    ok = True
+    base = [mpirun(), "-n", "2", sys.executable, "-m", "zerompi.train", *RUN, "--device", "gpu"]
+    for dtype, stage in (("float32", 0), ("bf16", 3)):
+        run = subprocess.run(base + ["--dtype", dtype, "--stage", str(stage), "--report", "json"],
+                             capture_output=True, text=True, timeout=TIMEOUT, env=dict(os.environ, ZEROMPI_CUDA_AWARE="0"))
+        if run.returncode != 0:
+            report(f"  preflight: the run failed ({run.returncode}): {run.stderr.strip()[-300:]}")
+            ok = False
+            continue
+        measured = json.loads(run.stdout)["per_rank"][0]
+        plan = plan_memory(RunShape((32, 96, 64, 10), stage, precision_for(dtype), 48, 2), 0, device).bytes_by_kind
+        # the plan leaves out pinned host staging (host memory): the run's work may hold more
+        same = all(plan[k] == measured[k] for k in MEMORY_KINDS if k != "work") and plan["work"] <= measured["work"]
+        ok &= same
+        report(f"  preflight: stage {stage} {dtype:>7} N=2: plan {plan} / ledger "
+               f"{ {k: measured[k] for k in MEMORY_KINDS} }  {'ok' if same else 'FAILED'}")
+    huge = subprocess.run(base + ["--hidden", "100000,100000,100000", "--stage", "0", "--steps", "1"],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    lines = [line for line in huge.stderr.splitlines() if line.startswith("zerompi: error:")]
+    refused = huge.returncode == 2 and len(lines) == 1 and "the free memory of gpu" in lines[0]
+    ok &= refused
+    report(f"  preflight: 20 G parameters refused: {lines[0] if lines else huge.stderr.strip()[-300:]}  "
+           f"{'ok' if refused else 'FAILED'}")
     return ok
 
 
@@ -313,6 +348,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         ok = correctness("CUDA-aware: yes" in line, folder, report)
     ok = gemm_correctness(cupy, report) and ok
+    ok = preflight_on_gpu(device, report) and ok
     ok = device_ops_correctness(device, report) and ok
     report("speed, MLP 1024-4x2048-10, one rank, stage 1:")
     rows = 4096
