@@ -1,9 +1,11 @@
 """The preflight's arithmetic and its one line (zerompi/plan/preflight.py), and --dry-run's text
 and errors (zerompi/train/planning.py), single-process: a device whose available memory the test
 sets stands for the limits (tests/test_preflight_limits.py goes through the real ones)."""
+import gc
 import os
 import subprocess
 import sys
+import tracemalloc
 from dataclasses import replace
 
 import pytest
@@ -141,3 +143,19 @@ def test_ranks_without_dry_run_is_refused():
     assert run.returncode == 2
     assert run.stderr.strip() == ("zerompi: error: --ranks and --ranks-per-node plan a run with --dry-run; a run "
                                   "has the launcher's ranks")
+
+
+def test_the_search_for_the_fewest_ranks_allocates_next_to_nothing():
+    """The preflight runs where memory is short: planning up to MOST_RANKS ranks must not itself
+    run out (a rank's guards listed every job rank: 40 MB at 2^20 ranks; 100-140 MB in all, and a run under
+    `ulimit -v` died of MemoryError, exit 7, instead of being refused)."""
+    shape = replace(WIDE, sizes=(64, 4096, 4096, 10), stage=3, num_ranks=2, reads_layers=True)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        message = preflight_error(shape, 0, Limited(100 * 10 ** 6), 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert message.endswith("no stage fits on up to 1048576 ranks (see --dry-run)")
+    assert peak < 32 << 20, f"{peak / 2 ** 20:.0f} MiB"     # 2^20 ranks on one node: an 8 MiB node map
