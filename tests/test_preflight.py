@@ -1,11 +1,14 @@
 """The preflight's arithmetic and its one line (zerompi/plan/preflight.py), and --dry-run's text
 and errors (zerompi/train/planning.py), single-process: a device whose available memory the test
 sets stands for the limits (tests/test_preflight_limits.py goes through the real ones)."""
+import gc
 import os
 import subprocess
 import sys
+import tracemalloc
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from zerompi.devices.cpu import CPU
@@ -36,7 +39,7 @@ def test_need_is_the_plan_plus_the_init_chunk_plus_mpi_scratch_and_the_reserve()
     largest_call = max(call.nbytes for call in plan.calls)
     assert largest_call == (8193 * 8192 + 81_932) * 4    # stage 0: the bucket of the last two layers
     assert start_transient_bytes(WIDE) == INIT_CHUNK * (8 + 4)
-    assert start_transient_bytes(replace(WIDE, reads_layers=True)) == 8193 * 8192 * (8 + 4)   # --init-weights
+    assert start_transient_bytes(replace(WIDE, reads_layers=True)) == 8193 * 8192 * (8 + 8 + 1)   # --init-weights
     assert need_bytes(WIDE) == plan.total_bytes + INIT_CHUNK * 12 + largest_call + RUNTIME_RESERVE
     # the model state of the plan is the seed formula exactly (no padding: 8193 * 8192 divides by 4)
     state = sum(plan.bytes_by_kind[k] for k in ("params", "grads", "optimizer"))
@@ -141,3 +144,51 @@ def test_ranks_without_dry_run_is_refused():
     assert run.returncode == 2
     assert run.stderr.strip() == ("zerompi: error: --ranks and --ranks-per-node plan a run with --dry-run; a run "
                                   "has the launcher's ranks")
+
+
+def test_the_search_for_the_fewest_ranks_allocates_next_to_nothing():
+    """The preflight runs where memory is short: planning up to MOST_RANKS ranks must not itself
+    run out (a rank's guards listed every job rank: 40 MB at 2^20 ranks; 100-140 MB in all, and a run under
+    `ulimit -v` died of MemoryError, exit 7, instead of being refused)."""
+    shape = replace(WIDE, sizes=(64, 4096, 4096, 10), stage=3, num_ranks=2, reads_layers=True)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        message = preflight_error(shape, 0, Limited(100 * 10 ** 6), 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert message.endswith("no stage fits on up to 1048576 ranks (see --dry-run)")
+    assert peak < 32 << 20, f"{peak / 2 ** 20:.0f} MiB"     # 2^20 ranks on one node: an 8 MiB node map
+
+
+@pytest.mark.parametrize("file_dtype", ["float32", "float64"])
+@pytest.mark.parametrize("run_dtype", ["float32", "bfloat16"])
+def test_starting_from_a_weights_file_stays_within_the_plans_start_allowance(file_dtype, run_dtype, tmp_path):
+    """--init-weights reads a whole layer at a time: what that allocates beside the engine's
+    buffers (the file's tensors, the float64 layer, its compute-dtype copy) is at most
+    start_transient_bytes, whatever float dtype the file holds (--save-weights of a float64 run
+    writes float64)."""
+    from zerompi.adam import AdamConfig
+    from zerompi.checkpoint.params import set_layer_params
+    from zerompi.checkpoint.weights import read_weights
+    from zerompi.comm import Communicator
+    from zerompi.engine import build_engine
+    shape = RunShape((32, 1024, 1024, 10), 0, precision_for(run_dtype), 8, 1, reads_layers=True)
+    engine = build_engine(list(shape.sizes), 0, shape.precision, AdamConfig(), 8, Communicator())
+    path = str(tmp_path / "w.npz")
+    rng = np.random.default_rng(0)
+    np.savez(path, **{name: rng.standard_normal(shape_, dtype=np.float64).astype(file_dtype)
+                      for layer in engine.layout.layers
+                      for name, shape_ in zip(engine.layout.tensor_names(layer),
+                                              [(layer.out_features, layer.in_features), (layer.out_features,)])})
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for layer, values in read_weights(path, engine.layout):
+            set_layer_params(engine.stage, layer, values)
+            del values
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= start_transient_bytes(shape), (peak, start_transient_bytes(shape))

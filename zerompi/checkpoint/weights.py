@@ -129,13 +129,20 @@ def _layers(path, layout, names_in_file, read):
         raise WeightsError(f"weights file {path} has tensors this model does not: {', '.join(extra[:4])}"
                            f" (model: {len(layout.layers)} layers, sizes {layout.sizes})")
     for layer in layout.layers:
-        values = []
+        values = np.empty(layer.numel, dtype=np.float64)   # the layer, one tensor at a time (docs/planning.md)
+        start = 0
         for name in layout.tensor_names(layer):
             if name not in names_in_file:
                 raise WeightsError(f"weights file {path} lacks {name} (model sizes {layout.sizes})")
             want = (layer.out_features, layer.in_features) if name.endswith(".weight") else (layer.out_features,)
-            values.append(_checked(path, layout, name, want, read(name, want)))
-        yield layer, np.concatenate(values).astype(np.float64)
+            tensor = _checked(path, layout, name, want, read(name, want))
+            part = values[start:start + tensor.size]
+            part[...] = tensor
+            del tensor
+            if not np.all(np.isfinite(part)):
+                raise WeightsError(f"weights file {path}: {name} contains NaN or inf")
+            start += part.size
+        yield layer, values
 
 
 def _shape_mismatch(path, layout, name, shape, want):
@@ -143,11 +150,9 @@ def _shape_mismatch(path, layout, name, shape, want):
 
 
 def _checked(path, layout, name, want, tensor):
-    """The tensor flattened, after checking its shape, dtype and values."""
+    """The tensor flattened, after checking its shape and dtype (its values: once in float64)."""
     if tensor.shape != want:
         raise WeightsError(_shape_mismatch(path, layout, name, tensor.shape, want))
     if not (np.issubdtype(tensor.dtype, np.floating) or tensor.dtype == BF16):
         raise WeightsError(f"weights file {path}: {name} has dtype {tensor.dtype}, not a float type")
-    if not np.all(np.isfinite(tensor.astype(np.float64))):
-        raise WeightsError(f"weights file {path}: {name} contains NaN or inf")
     return tensor.reshape(-1)

@@ -30,7 +30,7 @@ class Guards:
         job_ranks: the job's rank of each of its ranks, and abort: what ends the whole job, where
         mpi holds some of the job's ranks (`split`); by default its own ranks and MPI_Abort."""
         self.mpi, self.rank, self.size = mpi, rank, size
-        self.job_ranks = tuple(job_ranks) if job_ranks is not None else tuple(range(size))
+        self.job_ranks = tuple(job_ranks) if job_ranks is not None else range(size)   # no list of N
         self.abort = abort if abort is not None else mpi.Abort
         self.whole_job = job_ranks is None
         self.check = None             # a CollectiveCheck with --check-collectives

@@ -7,7 +7,9 @@
                (zerompi/model.py init_layer_chunks, zerompi/checkpoint/params.py set_layer_params):
                min(largest layer, INIT_CHUNK) x (8 + compute bytes); a run that starts from
                --init-weights or a checkpoint reads a whole layer at a time instead
-               (zerompi/checkpoint/): the largest layer x (8 + compute bytes)
+               (zerompi/checkpoint/weights.py): the largest layer x 17 bytes, its float64
+               values beside one tensor of the file (float64 at most) and its finiteness
+               check (1 byte an element), or beside their compute-dtype copy
              + what the libraries allocate once the run has started: MPI's scratch inside a
                large collective (MPICH's Allreduce and Reduce_scatter_block allocate up to
                the buffer they are handed: the largest call of the plan's step), and
@@ -44,9 +46,11 @@ RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, bes
 
 def start_transient_bytes(shape):
     """Bytes the start of a run allocates beside the engine's buffers: one chunk of initial values
-    (or one layer read from a file) in float64 and in the compute dtype."""
+    in float64 and in the compute dtype, or one layer read from a file (see the module docstring)."""
     largest = max((n_in + 1) * n_out for n_in, n_out in zip(shape.sizes, shape.sizes[1:]))
-    return (largest if shape.reads_layers else min(largest, INIT_CHUNK)) * (8 + shape.precision.compute.itemsize)
+    if shape.reads_layers:
+        return largest * (8 + max(8 + 1, shape.precision.compute.itemsize))
+    return min(largest, INIT_CHUNK) * (8 + shape.precision.compute.itemsize)
 
 
 def runtime_bytes(plan):
