@@ -192,3 +192,15 @@ def test_starting_from_a_weights_file_stays_within_the_plans_start_allowance(fil
     finally:
         tracemalloc.stop()
     assert peak <= start_transient_bytes(shape), (peak, start_transient_bytes(shape))
+
+
+def test_dry_run_into_a_closed_pipe_exits_0_without_a_traceback():
+    """`--dry-run | head -2`: the reader leaves early; the plan's writer must not raise."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)                                   # a reader that has gone already
+    try:
+        run = subprocess.run([sys.executable, "-m", "zerompi.train", "--dry-run", "--ranks", "4"], cwd=ROOT,
+                             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr

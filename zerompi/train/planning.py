@@ -18,6 +18,7 @@ and only the launcher's rank 0 prints. Ranks per node: --ranks-per-node, else th
 (MPI_LOCALNRANKS, OMPI_COMM_WORLD_LOCAL_SIZE), else all N on one node; ranks are placed in blocks.
 The plan is of the CPU path (a GPU run's preflight plans its own device's buffers).
 """
+import os
 import sys
 import textwrap
 from dataclasses import replace
@@ -76,7 +77,10 @@ def answer_dry_run(argv, environ, out=sys.stdout):
             print(f"zerompi: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(ExitCode.BAD_INPUT)
     if rank == 0:
-        print(text, file=out, flush=True)
+        try:
+            print(text, file=out, flush=True)
+        except BrokenPipeError:                  # `--dry-run | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())   # no second error at exit
     raise SystemExit(ExitCode.OK)
 
 

@@ -364,9 +364,9 @@ def main(argv=None):
         signals.stand_down()
         release_locks()
         time.sleep(stagger(comm.rank))
-        report_then_abort(f"zerompi: error: rank {comm.rank} ran out of memory ({e}) although its plan fit "
-                          f"when the run started: other processes took memory, or it fragmented; "
-                          f"`--dry-run` shows the plan", comm.mpi.Abort, ExitCode.OUT_OF_MEMORY)
+        report_then_abort(f"zerompi: error: rank {comm.rank} ran out of memory ({e or 'MemoryError'}): other "
+                          f"processes took memory the preflight had counted, or it fragmented; `--dry-run` "
+                          f"shows the plan", comm.mpi.Abort, ExitCode.OUT_OF_MEMORY)
     except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
         signals.stand_down()
         release_locks()
