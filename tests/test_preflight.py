@@ -5,6 +5,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import tracemalloc
 from dataclasses import replace
 
@@ -15,9 +16,10 @@ from zerompi.devices.cpu import CPU
 from zerompi.hierarchy import FLAT, Grouping
 from zerompi.layout import Layout
 from zerompi.model import INIT_CHUNK
+from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_memory, plan_run
 from zerompi.plan.preflight import (RUNTIME_RESERVE, fewest_ranks, need_bytes, preflight_error,
-                                    start_transient_bytes)
+                                    start_transient_bytes, thread_bytes)
 from zerompi.precision import precision_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +43,14 @@ def test_need_is_the_plan_plus_the_init_chunk_plus_mpi_scratch_and_the_reserve()
     assert start_transient_bytes(WIDE) == INIT_CHUNK * (8 + 4)
     assert start_transient_bytes(replace(WIDE, reads_layers=True)) == 8193 * 8192 * (8 + 8 + 1)   # --init-weights
     assert need_bytes(WIDE) == plan.total_bytes + INIT_CHUNK * 12 + largest_call + RUNTIME_RESERVE
+    # hybrid sharding with watchdogs: MPI's scratch on each of its 3 communicators, 2 more threads
+    hybrid = replace(WIDE, stage=2, num_ranks=4, grouping=Grouping(shard_group=2), watchdog=True)
+    plan = plan_run(hybrid)
+    assert (plan.communicators, plan.threads) == (3, 2)
+    scratch = {c: max(call.nbytes for call in plan.calls if call.communicator == c) for c in range(3)}
+    assert scratch == {0: (5 + 2) * 8, 1: 8193 * 8192 * 4, 2: 8193 * 8192 * 4 // 2}   # sums; a layer; its shard
+    assert need_bytes(hybrid) == (plan.total_bytes + INIT_CHUNK * 12 + sum(scratch.values()) +
+                                  2 * thread_bytes() + RUNTIME_RESERVE)
     # the model state of the plan is the seed formula exactly (no padding: 8193 * 8192 divides by 4)
     state = sum(plan.bytes_by_kind[k] for k in ("params", "grads", "optimizer"))
     assert state == 16 * WIDE.num_params + 16 * 2          # the 10-wide output layer pads 82 -> 84 (x 16 B)
@@ -204,3 +214,13 @@ def test_dry_run_into_a_closed_pipe_exits_0_without_a_traceback():
     finally:
         os.close(write_end)
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+
+
+def test_a_plan_of_an_overlapped_run_leaves_no_thread_running():
+    """The plan builds --overlap's communication thread as the run does, and ends it: a
+    preflight that plans several stages must not leave threads (and their address space) behind."""
+    before = threading.active_count()
+    for stage in range(4):
+        shape = replace(WIDE, stage=stage, overlap=OverlapConfig(enabled=True))
+        assert plan_run(shape).threads == 1 and plan_memory(shape).threads == 1
+    assert threading.active_count() == before

@@ -69,6 +69,9 @@ class Collectives:
     def wait_all(self):
         """Every collective started so far has finished (here: always)."""
 
+    def close(self):
+        """Nothing runs in the background here (zerompi/overlap/'s thread stops)."""
+
     def layer_gather(self, buffers, shard_of):
         """Stage 3's gather of a layer's parameters into one of `buffers` (1 + prefetch one-layer
         buffers); shard_of(layer) is this rank's shard of the layer's parameters.

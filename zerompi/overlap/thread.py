@@ -88,6 +88,15 @@ class ThreadedCollectives(Collectives):
     def wait_all(self):
         self.wait_for(self.started - 1)
 
+    def close(self):
+        """Finish what was started, then end the thread (a plan's engine, zerompi/plan/, ends it
+        at once: a plan starts no thread that outlives it)."""
+        self.wait_all()
+        with self.changed:
+            self.pending.append((None, (), None))
+            self.changed.notify_all()
+        self.thread.join()
+
     def _run(self):
         made_current = False
         while True:
@@ -95,6 +104,8 @@ class ThreadedCollectives(Collectives):
                 while not self.pending:
                     self.changed.wait()
                 call, args, site = self.pending[0]
+            if call is None:                       # close()
+                return
             try:
                 if not made_current:
                     self.comm.device.make_current()  # a GPU is current per host thread (CUDA)

@@ -44,6 +44,7 @@ class RunShape:
     overlap: object = OverlapConfig()
     node_of_rank: tuple = None       # None: all ranks on one node
     reads_layers: bool = False       # starts from --init-weights or a checkpoint: whole layers read
+    watchdog: bool = False           # --collective-timeout: a watchdog thread for each communicator
 
     @property
     def num_params(self):
@@ -58,6 +59,8 @@ class RunPlan:
     buffers: list                    # (kind, name, shape, dtype, nbytes) of each, as the ledger lists them
     ledger: object = None            # one step's CommLedger (None: memory only)
     calls: list = field(default_factory=list)   # one step's PlannedCalls, in order
+    communicators: int = 1           # the world and those the engine made (splits, duplicate)
+    threads: int = 0                 # threads the engine starts: --overlap's, the new communicators' watchdogs
 
     @property
     def total_bytes(self):
@@ -74,17 +77,22 @@ def build_planned_engine(shape, rank=0, device=None):
 def plan_memory(shape, rank=0, device=None):
     """What rank `rank` will allocate, by kind (no collectives: see plan_run). device: the run's
     (zerompi/devices/), the CPU by default."""
-    engine = build_planned_engine(shape, rank, device)
-    return RunPlan(shape, rank, dict(engine.memory.bytes_by_kind), list(engine.memory.buffers))
+    return _plan(build_planned_engine(shape, rank, device), shape, rank)
 
 
 def plan_run(shape, rank=0, device=None):
     """plan_memory, and the collectives of one training step."""
     engine = build_planned_engine(shape, rank, device)
-    comm = engine.comm
     step_collectives(engine, shape.micro_batches)
-    return RunPlan(shape, rank, dict(engine.memory.bytes_by_kind), list(engine.memory.buffers),
-                   comm.ledger, list(comm.calls))
+    return _plan(engine, shape, rank, engine.comm.ledger, list(engine.comm.calls))
+
+
+def _plan(engine, shape, rank, ledger=None, calls=()):
+    engine.stage.collectives.close()            # --overlap: the plan's communication thread ends
+    made = len(engine.comm.made)
+    threads = (made - 1) * shape.watchdog + shape.overlap.enabled
+    return RunPlan(shape, rank, dict(engine.memory.bytes_by_kind), list(engine.memory.buffers), ledger, list(calls),
+                   made, threads)
 
 
 def step_collectives(engine, micro_batches):

@@ -10,12 +10,16 @@
                (zerompi/checkpoint/weights.py): the largest layer x 17 bytes, its float64
                values beside one tensor of the file (float64 at most) and its finiteness
                check (1 byte an element), or beside their compute-dtype copy
-             + what the libraries allocate once the run has started: MPI's scratch inside a
-               large collective (MPICH's Allreduce and Reduce_scatter_block allocate up to
-               the buffer they are handed: the largest call of the plan's step), and
-               RUNTIME_RESERVE for the rest (BLAS's GEMM buffers, the batches, the report;
-               measured 7-42 MB beyond the scratch on CPU runs of 2-4 ranks with MPICH and
-               OpenBLAS, tests/test_preflight_limits.py)
+             + what the libraries allocate once the run has started, beside the engine:
+               MPI's scratch: MPICH allocates up to the buffer of a large Allreduce or
+               Reduce_scatter_block, and keeps it (or glibc's heap does) per communicator: the
+               largest call of the step on each communicator, summed;
+               each thread the engine starts (--overlap's communication thread, and with
+               --collective-timeout a watchdog for each communicator it makes): its stack
+               (ulimit -s) and its malloc arena (64 MB of address space, glibc on 64 bits);
+               RUNTIME_RESERVE for the rest (BLAS's buffers, the batches, the report: measured
+               7-42 MB beyond the scratch on CPU runs of 2-4 ranks with MPICH 5 and OpenBLAS,
+               tests/test_preflight_limits.py)
     available  what the device says a rank may still allocate (memory_available): on a CPU the
                least of the address-space limit (ulimit -v) less what the process maps already,
                the cgroup's memory.max less its use, and the node's available memory, each shared
@@ -33,6 +37,7 @@ state or work buffer is allocated. Not counted: the dataset (checked when it is 
 zerompi/train/data.py) and what Python, NumPy, BLAS and MPI map before the preflight (in what
 the process maps already).
 """
+import resource
 from dataclasses import replace
 
 from ..hierarchy import FLAT
@@ -42,6 +47,7 @@ from . import plan_run
 
 MOST_RANKS = 1 << 20         # how far the search for the fewest ranks that fit goes
 RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, beside MPI's scratch
+THREAD_ARENA = 64 << 20      # glibc's malloc arena for a new thread (HEAP_MAX_SIZE on 64 bits)
 
 
 def start_transient_bytes(shape):
@@ -54,9 +60,18 @@ def start_transient_bytes(shape):
 
 
 def runtime_bytes(plan):
-    """What the libraries allocate once the run has started: MPI's scratch, up to the largest
-    buffer of the step's calls, and RUNTIME_RESERVE."""
-    return max(call.nbytes for call in plan.calls) + RUNTIME_RESERVE
+    """What the libraries allocate once the run has started (see the module docstring)."""
+    scratch = {}
+    for call in plan.calls:
+        scratch[call.communicator] = max(scratch.get(call.communicator, 0), call.nbytes)
+    return sum(scratch.values()) + plan.threads * thread_bytes() + RUNTIME_RESERVE
+
+
+def thread_bytes():
+    """The address space a new thread takes: its stack (the soft ulimit -s; 8 MiB where it is
+    unlimited, glibc's default) and a malloc arena."""
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    return (stack if stack != resource.RLIM_INFINITY else 8 << 20) + THREAD_ARENA
 
 
 def need_bytes(shape, rank=0, device=None):

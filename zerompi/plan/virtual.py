@@ -17,6 +17,7 @@ The engine's MemoryLedger then holds, buffer by buffer, what rank r of the run w
 driving the stage's hooks through one step (zerompi/plan/__init__.py) fills the CommLedger with the
 step's collectives, as the run's ledger will count them.
 """
+import copy
 from typing import NamedTuple
 
 import numpy as np
@@ -71,6 +72,7 @@ class PlannedCall(NamedTuple):
     ranks: int           # ranks of the communicator that runs it
     nodes: int           # nodes those ranks are on
     across_nodes: bool   # this rank's ring successor is on another node
+    communicator: int = 0   # which: 0 the world, then each one the engine made (split, duplicate)
 
 
 class PlannedTransport:
@@ -81,7 +83,8 @@ class PlannedTransport:
 
     def _note(self, op, buf):
         c = self.comm
-        self.calls.append(PlannedCall(op, buf.nbytes, c.size, len(set(c.node_of_rank)), c.across_nodes))
+        self.calls.append(PlannedCall(op, buf.nbytes, c.size, len(set(c.node_of_rank)), c.across_nodes,
+                                      c.number))
 
     def sum_all(self, buf):
         self._note(ALLREDUCE, buf)
@@ -95,15 +98,13 @@ class PlannedTransport:
     def reserve_host_staging(self, memory, max_bytes):
         """Host memory needs no staging (a plan of a GPU run leaves out its pinned host staging)."""
 
-    def duplicate(self, mpi):
-        return self
-
-
 class PlannedCommunicator(Communicator):
     """Rank `rank` of `size` ranks, rank r on node node_of_rank[r] (all on one node by default):
     the Communicator's own code for collectives, staging and the ledger, and no MPI."""
 
-    def __init__(self, size, rank=0, node_of_rank=None, device=None, calls=None):
+    def __init__(self, size, rank=0, node_of_rank=None, device=None, calls=None, made=None):
+        """calls, made: the world's, shared by the communicators made from it (made: the
+        communicators made so far, the world first)."""
         from ..devices.cpu import CPU
         self.mpi = None
         self.rank, self.size = rank, size
@@ -118,17 +119,27 @@ class PlannedCommunicator(Communicator):
         self.calls = calls if calls is not None else []
         self.transport = PlannedTransport(self, self.calls)
         self.cuda_aware = False
+        self.made = made if made is not None else []
+        self.number = len(self.made)              # 0: the world
+        self.made.append(self)
 
     def split(self, color_of):
         """The ranks with this rank's color, as Communicator.split would group them."""
         members = [r for r in range(self.size) if color_of(r) == color_of(self.rank)]
         sub = PlannedCommunicator(len(members), members.index(self.rank),
-                                  number_nodes([self.node_of_rank[r] for r in members]), self.device, self.calls)
+                                  number_nodes([self.node_of_rank[r] for r in members]), self.device, self.calls,
+                                  self.made)
         sub.ledger = self.ledger
         return sub
 
     def duplicate(self):
-        return self
+        """A communicator of its own (the communication thread's) on the same ranks, sharing this
+        one's ledger and staging, as Communicator.duplicate."""
+        twin = copy.copy(self)
+        twin.number = len(self.made)
+        self.made.append(twin)
+        twin.transport = PlannedTransport(twin, self.calls)
+        return twin
 
     @staticmethod
     def thread_level_error():
