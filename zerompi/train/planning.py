@@ -129,7 +129,7 @@ def format_plans(chosen, plans, per_node):
     for kind in MEMORY_KINDS:
         lines.append(row(f"  {kind}", [_size(p.bytes_by_kind[kind]) for p in plans]))
     lines.append(row("  start: init values", [_size(start_transient_bytes(p.shape)) for p in plans]))
-    lines.append(row("  MPI, BLAS, batches", [_size(runtime_bytes(p)) for p in plans]))
+    lines.append(row("  MPI, threads, rest", [_size(runtime_bytes(p)) for p in plans]))
     lines.append(row("  needs", [_size(p.total_bytes + start_transient_bytes(p.shape) + runtime_bytes(p))
                                  for p in plans]))
     bpp = s.precision.bytes_per_param()
