@@ -22,15 +22,16 @@
                tests/test_preflight_limits.py)
     available  what the device says a rank may still allocate (memory_available): on a CPU the
                least of the address-space limit (ulimit -v) less what the process maps already,
-               the cgroup's memory.max less its use, and the node's available memory, each shared
-               by the ranks of the node (zerompi/inputs.py); on a GPU its free memory
+               the memory cgroup's limit less its usage (v2 or v1, its own or an ancestor's) and
+               the node's available memory, both shared by the ranks of the node
+               (zerompi/inputs.py); on a GPU its free memory, shared by the ranks that use it
 
 If need > available, one line says so with both numbers and names what would fit: the other
 stages on these N ranks (and the same hierarchical variant at other stages), or else the fewest
 ranks on which stage 3 would fit, as many rows per rank:
 
-    stage 0 on 4 ranks needs 3.3 GB per rank, 2.8 GB available (the address-space limit ...):
-    stage 2 (1.7 GB) or stage 3 (1.4 GB) fit on 4 ranks
+    stage 0 on 4 ranks needs 3.6 GB per rank, 2.7 GB available (the address-space limit ...):
+    stage 1 (2.4 GB), stage 2 (2.0 GB) or stage 3 (1.7 GB) fit on 4 ranks
 
 The run then exits BAD_INPUT (2) before building its engine: no parameter, gradient, optimizer
 state or work buffer is allocated. Not counted: the dataset (checked when it is read,
@@ -48,6 +49,7 @@ from . import plan_run
 MOST_RANKS = 1 << 20         # how far the search for the fewest ranks that fit goes
 RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, beside MPI's scratch
 THREAD_ARENA = 64 << 20      # glibc's malloc arena for a new thread (HEAP_MAX_SIZE on 64 bits)
+FILE_LAYER_BYTES = 17        # per element while a layer is read from a file: float64 + a tensor + a check
 
 
 def start_transient_bytes(shape):
@@ -55,7 +57,7 @@ def start_transient_bytes(shape):
     in float64 and in the compute dtype, or one layer read from a file (see the module docstring)."""
     largest = max((n_in + 1) * n_out for n_in, n_out in zip(shape.sizes, shape.sizes[1:]))
     if shape.reads_layers:
-        return largest * (8 + max(8 + 1, shape.precision.compute.itemsize))
+        return largest * FILE_LAYER_BYTES
     return min(largest, INIT_CHUNK) * (8 + shape.precision.compute.itemsize)
 
 
