@@ -1,18 +1,20 @@
 """The cost model (zerompi/plan/cost.py) against measured step times, on this machine.
 
     mpirun -n N python benchmarks/plan_accuracy.py [--widths 512,1024,2048,4096] [--layers 4]
-        [--batch-per-rank 64] [--stages 0,1,2,3] [--repeats 5] [--steps 3] [--warmup 2]
+        [--batch-per-rank 64] [--stages 0,1,2,3] [--repeats 7] [--steps 3] [--warmup 2]
 
 Calibrates first (zerompi/plan/calibrate.py, as `python -m zerompi.plan calibrate` does, at this
 N), then for each width W an MLP W-W-...-W-10 (`layers` linear layers, float32, overlap off) and
-each stage: the predicted step (plan_run's calls priced by step_cost) beside the measured one:
-step_time.py's warmed_up_step and timed_repeats (median over repeats of the slowest rank's mean of
-`steps` steps; also the best repeat, since the calibration keeps each limit's best sample), with
-the BLAS threads a run would use (zerompi/train/launch.py). ratio = predicted / measured. Run one N per invocation; N above the cores shares them (the calibration
-then measures the shared cores too).
+each stage: the predicted step (plan_run's calls priced by step_cost) beside the measured one,
+with the BLAS threads a run would use (zerompi/devices/cpu.py). Measured: step_time.py's
+warmed_up_step and timed_repeats, the stages of a width in interleaved rounds; each round's time is
+the slowest rank's mean of `steps` steps; printed are the median round and the best one (the
+calibration too keeps each limit's best sample). ratio = predicted / measured. One N per run; N
+above the cores shares them (the calibration then measures the shared cores too).
 """
 import argparse
 import os
+import statistics
 import sys
 from types import SimpleNamespace
 
@@ -27,7 +29,7 @@ from zerompi.plan import RunShape, plan_run                           # noqa: E4
 from zerompi.plan.calibrate import calibrate, machine_from            # noqa: E402
 from zerompi.plan.cost import step_cost                               # noqa: E402
 from zerompi.precision import precision_for                           # noqa: E402
-from zerompi.train.launch import blas_threads                         # noqa: E402
+from zerompi.devices.cpu import blas_threads                          # noqa: E402
 
 PRECISION = precision_for("float32")
 
@@ -38,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=4, help="linear layers: W x (layers - 1) hidden, then 10 classes")
     p.add_argument("--batch-per-rank", type=int, default=64)
     p.add_argument("--stages", default="0,1,2,3")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     args = p.parse_args(argv)
@@ -47,12 +49,19 @@ def parse_args(argv=None):
     return args
 
 
-def measure(sizes, stage, args):
-    engine = build_engine(sizes, stage, PRECISION, AdamConfig(), args.batch_per_rank)
-    step = warmed_up_step(engine, SimpleNamespace(batch_per_rank=args.batch_per_rank, sizes=sizes,
-                                                  warmup=args.warmup))
-    median, per_repeat = timed_repeats(step, args.repeats, args.steps, 0)
-    return median, min(per_repeat)
+def measure(sizes, args):
+    """stage -> (median, best) seconds per step, the stages timed in interleaved rounds (a burst
+    of load from elsewhere hits them alike)."""
+    steps = {}
+    for stage in args.stages:
+        engine = build_engine(sizes, stage, PRECISION, AdamConfig(), args.batch_per_rank)
+        steps[stage] = warmed_up_step(engine, SimpleNamespace(batch_per_rank=args.batch_per_rank, sizes=sizes,
+                                                              warmup=args.warmup))
+    rounds = {stage: [] for stage in args.stages}
+    for _ in range(args.repeats):
+        for stage, step in steps.items():
+            rounds[stage].append(timed_repeats(step, 1, args.steps, 0)[0])
+    return {stage: (statistics.median(r), min(r)) for stage, r in rounds.items()}
 
 
 def main(argv=None):
@@ -65,9 +74,10 @@ def main(argv=None):
     with threadpool_limits(limits=threads):
         for width in args.widths:
             sizes = [width] * args.layers + [10]
+            measured = measure(sizes, args)
             for stage in args.stages:
                 cost = step_cost(plan_run(RunShape(tuple(sizes), stage, PRECISION, args.batch_per_rank, N)), machine)
-                rows.append((width, stage, cost, measure(sizes, stage, args)))
+                rows.append((width, stage, cost, measured[stage]))
     if RANK != 0:
         return
     print(f"plan accuracy | {N} rank{'s' if N > 1 else ''} on {cores} cores"

@@ -102,6 +102,7 @@ def plan_cli(*flags, timeout=60):
 
 
 CLUSTER = ("--gemm-gflops", 0.1, "--mem-bandwidth-gbs", 1, "--intra-bandwidth-gbs", 1, "--intra-latency-us", 0)
+ROWS = ("--micro-batch-size", 16)
 
 
 def test_cli_help():
@@ -124,7 +125,7 @@ def test_cli_cluster_numbers_end_to_end():
 
 def test_cli_params_picks_a_width_and_nodes_add_hybrid_rows():
     result = plan_cli(*CLUSTER, "--inter-bandwidth-gbs", 0.1, "--inter-latency-us", 10, "--ranks-per-node", 2,
-                      "--ranks", 4, "--params", 1e5, "--layers", 2, "--memory-per-rank-gb", 1e-4)
+                      "--ranks", 4, "--params", 1e5, "--layers", 2, "--memory-per-rank-gb", 1e-4, *ROWS)
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[0]
     width = int(header.split("-")[1])
@@ -141,6 +142,8 @@ def test_cli_params_picks_a_width_and_nodes_add_hybrid_rows():
     (*CLUSTER, "--hidden", 8, "--params", 1e6),
     (*CLUSTER, "--hidden", "8,x"),
     (*CLUSTER, "--hidden", 8, "--ranks", 3, "--batch-size", 10),
+    (*CLUSTER, "--hidden", 8),                                             # no batch
+    (*CLUSTER, "--hidden", 8, "--ranks", 2, "--batch-size", 32, "--micro-batch-size", 8),
     (*CLUSTER, "--hidden", 8, "--ranks", 4, "--ranks-per-node", 2),       # no inter-node link
     (*CLUSTER, "--hidden", 8, "--gemm-gflops", -1),
 ])
@@ -181,7 +184,7 @@ def test_bad_calibration_file_is_one_line(tmp_path, text):
     path.write_text(text)
     with pytest.raises(CalibrationError):
         read_calibration(str(path))
-    result = plan_cli("--calibration", path, "--hidden", 8, "--ranks", 2)
+    result = plan_cli("--calibration", path, "--hidden", 8, "--ranks", 2, *ROWS)
     assert result.returncode == 2
     assert result.stderr.startswith("zerompi: error: ") and result.stderr.count("\n") == 1, result.stderr
 
@@ -190,8 +193,8 @@ def test_good_calibration_predicts_and_names_unmeasured_rank_counts(tmp_path):
     path = tmp_path / "machine.json"
     path.write_text(json.dumps(good_calibration()))
     assert read_calibration(str(path)).collectives[2][ALLREDUCE] == ((1024.0, 1e-5), (1048576.0, 1e-3))
-    assert plan_cli("--calibration", path, "--hidden", 8, "--ranks", 2).returncode == 0
-    result = plan_cli("--calibration", path, "--hidden", 8, "--ranks", 4)
+    assert plan_cli("--calibration", path, "--hidden", 8, "--ranks", 2, *ROWS).returncode == 0
+    result = plan_cli("--calibration", path, "--hidden", 8, "--ranks", 4, *ROWS)
     assert result.returncode == 2 and "calibrate under `mpirun -n 4`" in result.stderr
 
 

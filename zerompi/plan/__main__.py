@@ -23,7 +23,6 @@ from ..inputs import available_bytes, format_bytes
 from ..memory.table import _Parser, _positive_float, _rank_count
 from ..overlap import OverlapConfig
 from ..precision import DTYPE_NAMES, precision_for
-from ..train.batch_rule import ArgumentError, resolve_batch
 from . import RunShape, plan_memory, plan_run
 from .calibrate import CalibrationError, read_calibration
 from .cost import CostError, cluster_machine, step_cost
@@ -76,7 +75,7 @@ def predict_parser():
                    help=f"output width (default {DIGITS_CLASSES}, the digits data set's)")
     r.add_argument("--batch-size", type=_rank_count, help="global batch: rows per step over all ranks")
     r.add_argument("--micro-batch-size", type=_rank_count, help="rows per rank in each micro-batch")
-    r.add_argument("--grad-accum", type=_rank_count, help="micro-batches per step")
+    r.add_argument("--grad-accum", type=_rank_count, help="micro-batches per step (default 1)")
     r.add_argument("--dtype", default="float32", choices=tuple(DTYPE_NAMES), metavar="{float32,float64,bf16,fp16}")
     r.add_argument("--overlap", action="store_true", help="the collectives on a communication thread")
     return p
@@ -122,11 +121,20 @@ def width_for(psi, layers, features, classes):
 
 
 def rows(args, parser):
-    try:
-        _, micro, accum = resolve_batch(args.batch_size, args.micro_batch_size, args.grad_accum, args.ranks)
-    except ArgumentError as e:
-        parser.error(str(e))
-    return micro, accum
+    """(rows per rank in a micro-batch, micro-batches per step) from the batch options."""
+    N, M = args.ranks, args.grad_accum or 1
+    if args.batch_size is None:
+        if args.micro_batch_size is None:
+            parser.error("give the batch: --batch-size (rows per step, all ranks) or --micro-batch-size "
+                         "(rows per rank)")
+        return args.micro_batch_size, M
+    if args.batch_size % (N * M):
+        parser.error(f"--batch-size {args.batch_size} does not split into {M} micro-batches on {N} ranks")
+    micro = args.batch_size // (N * M)
+    if args.micro_batch_size not in (None, micro):
+        parser.error(f"--batch-size {args.batch_size} is {micro} rows per rank and micro-batch on {N} ranks, "
+                     f"not --micro-batch-size {args.micro_batch_size}")
+    return micro, M
 
 
 def variants(args):

@@ -3,12 +3,14 @@
     mpirun -n N python -m zerompi.plan calibrate --out machine.json
 
 Every rank measures at once, as in training (all cores busy), with the BLAS threads a run would
-use (zerompi/train/launch.py's blas_threads). Each quantity is timed SAMPLES times (a sample: a
+use (zerompi/devices/cpu.py's blas_threads). Each quantity is timed SAMPLES times (a sample: a
 barrier, the work, the slowest rank's time) and the best sample is kept: on a shared machine a
 single sample can read half the true rate, and noise only ever adds time.
 
     gemm          the three GEMMs of a linear layer (x W^T, dy^T x, dy W) of GEMM_ROWS rows and
                   width W, for each W in GEMM_WIDTHS: FLOP/s against the FLOPs of one GEMM
+                  (GEMM_ROUNDS rounds over the widths, the best of each width kept), cycling
+                  through GEMM_WEIGHT_BYTES of weights so that they come from memory, as in a step
     bandwidth     an in-place multiply over 64 MB of float32 (read + write), bytes/s
     elementwise   zerompi/layers.py's bias add, GELU forward and backward and bias sum on a
                   (GEMM_ROWS, 1024) float32 layer output: seconds per element
@@ -47,6 +49,8 @@ VERSION = 1
 SAMPLES = 5
 GEMM_ROWS = 64
 GEMM_WIDTHS = (256, 512, 1024, 2048, 4096)
+GEMM_ROUNDS = 9
+GEMM_WEIGHT_BYTES = 32 << 20      # more than the caches hold
 ADAM_ELEMENTS = 1 << 21
 ADAM_DTYPES = ("float32", "bf16", "fp16", "float64")
 MESSAGE_BYTES = tuple(1 << k for k in range(10, 27, 2))        # 1 KiB .. 64 MiB, x4 apart
@@ -71,21 +75,31 @@ def best_seconds(mpi, fn, reps=1, samples=SAMPLES):
 
 
 def measure_gemm(mpi):
+    """In rounds over the widths, so that a burst of load from elsewhere spoils one round's
+    sample of each width, not every sample of one. Each call takes the next of enough weight
+    matrices to fill GEMM_WEIGHT_BYTES: in a step every layer's weight comes from memory, not
+    from the cache the previous call warmed."""
     rng = np.random.default_rng(0)
-    rates = []
+    runs = []
     for width in GEMM_WIDTHS:
         x, dy = (rng.standard_normal((GEMM_ROWS, width), dtype=np.float32) for _ in range(2))
-        w = rng.standard_normal((width, width), dtype=np.float32)
-        out_y, out_dx, out_dw = np.empty_like(x), np.empty_like(x), np.empty_like(w)
+        weights = [rng.standard_normal((width, width), dtype=np.float32)
+                   for _ in range(max(1, GEMM_WEIGHT_BYTES // (4 * width * width)))]
+        out_y, out_dx, out_dw = np.empty_like(x), np.empty_like(x), [np.empty_like(w) for w in weights]
+        turn = iter(range(1 << 62))
 
-        def three():
-            np.matmul(x, w.T, out=out_y)
-            np.matmul(dy.T, x, out=out_dw)
-            np.matmul(dy, w, out=out_dx)
+        def three(x=x, dy=dy, weights=weights, out_y=out_y, out_dx=out_dx, out_dw=out_dw, turn=turn):
+            i = next(turn) % len(weights)
+            np.matmul(x, weights[i].T, out=out_y)
+            np.matmul(dy.T, x, out=out_dw[i])
+            np.matmul(dy, weights[i], out=out_dx)
         flops = 2 * GEMM_ROWS * width * width
-        seconds = best_seconds(mpi, three, reps=max(1, (1 << 26) // (3 * flops)))
-        rates.append([flops, 3 * flops / seconds])
-    return rates
+        runs.append((flops, three, max(len(weights), (1 << 26) // (3 * flops))))
+    best = [float("inf")] * len(runs)
+    for _ in range(GEMM_ROUNDS):
+        for i, (flops, three, reps) in enumerate(runs):
+            best[i] = min(best[i], best_seconds(mpi, three, reps=reps, samples=1))
+    return [[flops, 3 * flops / seconds] for (flops, _, _), seconds in zip(runs, best)]
 
 
 def measure_bandwidth(mpi):
@@ -157,7 +171,7 @@ def measure_collectives(comm, mpi):
 def calibrate():
     """Measure everything above on the ranks of MPI.COMM_WORLD; returns the calibration (a dict)."""
     from threadpoolctl import threadpool_limits
-    from ..train.launch import blas_threads
+    from ..devices.cpu import blas_threads
     world = Communicator()
     mpi = world.mpi
     ranks_on_node = world.ranks_on_this_node()
