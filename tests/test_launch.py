@@ -3,7 +3,8 @@ import os
 import subprocess
 import sys
 
-from zerompi.train.launch import blas_threads, launch_mismatch, launcher_rank
+from zerompi.devices.cpu import blas_threads
+from zerompi.train.launch import launch_mismatch, launcher_rank
 
 
 def test_matching_launch_is_fine():

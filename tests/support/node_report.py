@@ -13,7 +13,7 @@ import os
 
 from zerompi.comm import Communicator
 from zerompi.devices.choice import local_rank, select_device
-from zerompi.train.launch import blas_threads
+from zerompi.devices.cpu import blas_threads
 
 device, _ = select_device("cpu", os.environ)
 comm = Communicator(device=device)

@@ -13,8 +13,9 @@ environment variables; if that number differs from what MPI reports, stop and sa
     SLURM_STEP_NUM_TASKS   srun (the tasks of this job step), when none of the above is set
 
 BLAS threads per rank: OMP_NUM_THREADS when the user (or a Slurm script, from --cpus-per-task)
-set it (to anything but a positive integer: an error), else the CPUs this process may run on (its
-affinity mask) divided by the ranks on its node, at least 1.
+set it (to anything but a positive integer: an error, checked here), else the CPUs this process
+may run on (its affinity mask) divided by the ranks on its node, at least 1
+(zerompi/devices/cpu.py's blas_threads, which the planner's calibration uses too).
 """
 from ..devices.choice import first_number
 
@@ -54,11 +55,3 @@ def threads_variable_error(environ):
     if value is None or (first.isascii() and first.isdigit() and int(first) > 0):
         return None
     return f"OMP_NUM_THREADS={value!r} is not a positive integer: set it to the BLAS threads per rank, or unset it"
-
-
-def blas_threads(ranks_on_node, environ, cores):
-    """BLAS threads for one rank."""
-    explicit = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if explicit.isascii() and explicit.isdigit() and int(explicit) > 0:
-        return int(explicit)
-    return max(1, cores // ranks_on_node)

@@ -48,6 +48,7 @@ from ..checkpoint.training import check_save_dir, save_training_checkpoint, star
 from ..checkpoint.weights import check_writable, save_weights
 from ..comm import Communicator
 from ..devices.choice import check_device, select_device
+from ..devices.cpu import blas_threads
 from ..devices.nccl import NcclCommunicator
 from ..engine import build_engine
 from .grouping import grouping_error, resolve_grouping
@@ -63,7 +64,7 @@ from .config import TrainConfig, check_config, device_choice, parse_args
 from .data import Dataset, load_data
 from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
 from .errors import ArgumentError
-from .launch import blas_threads, launch_mismatch, launcher_rank, threads_variable_error
+from .launch import launch_mismatch, launcher_rank, threads_variable_error
 from .loss_scale import LossScaler, loss_scale_error
 from .destination import live_progress
 from .metrics import MetricsFile, StepMetrics, slurm_restarts

@@ -1,0 +1,208 @@
+"""The cost model (zerompi/plan/cost.py) against hand-computed cases, its calibration file, and
+`python -m zerompi.plan` end to end. No timing is asserted: the numbers are arithmetic."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_cli import launch
+from zerompi.ledger import ALLGATHER, ALLREDUCE, REDUCE_SCATTER
+from zerompi.overlap import OverlapConfig
+from zerompi.plan import RunShape, plan_run
+from zerompi.plan.calibrate import CalibrationError, read_calibration
+from zerompi.plan.cost import (Link, Machine, adam_bytes, cluster_machine, gemm_flops, hideable_seconds,
+                               interpolate, owned_elements, step_cost)
+from zerompi.plan.virtual import PlannedCall
+from zerompi.precision import precision_for
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FP32 = precision_for("float32")
+
+
+def test_gemm_flops_of_a_two_layer_mlp():
+    # sizes 4 -> 8 -> 3, 2 rows: layer 0 forward + weight gradient (no input gradient), layer 1 all three
+    assert gemm_flops((4, 8, 3), 2) == [128, 128, 96, 96, 96]
+
+
+def test_compute_is_flops_over_the_rate_per_micro_batch():
+    plan = plan_run(RunShape((4, 8, 3), 0, FP32, 2, 1, micro_batches=3))
+    cost = step_cost(plan, cluster_machine(1e-9 * 544, 1.0))      # 544 FLOP/s: one micro-batch per second
+    assert cost.compute_s == pytest.approx(3.0)
+
+
+def test_gemm_rate_interpolates_in_log_flops_and_clamps():
+    m = Machine(gemm=((1e6, 10.0), (1e8, 30.0)), bandwidth=1.0)
+    assert m.gemm_rate(1e7) == pytest.approx(20.0)
+    assert m.gemm_rate(1e3) == 10.0 and m.gemm_rate(1e12) == 30.0
+
+
+def test_alpha_beta_of_one_reduce_scatter_at_four_ranks():
+    link = Link(latency_s=1e-6, bandwidth=1e9)
+    # 3 steps of 1 us, and 3/4 of 4 MB at 1 GB/s
+    assert link.seconds(REDUCE_SCATTER, 4_000_000, 4) == pytest.approx(3e-6 + 3e-3)
+    assert link.seconds(ALLGATHER, 4_000_000, 4) == pytest.approx(3e-6 + 3e-3)
+    assert link.seconds(ALLREDUCE, 4_000_000, 4) == pytest.approx(2 * (3e-6 + 3e-3))
+    assert link.seconds(ALLREDUCE, 4_000_000, 1) == 0.0
+
+
+def test_inter_node_calls_use_the_inter_node_link():
+    m = cluster_machine(1.0, 1.0, intra=(10.0, 0.0), inter=(1.0, 0.0))
+    inside = PlannedCall(REDUCE_SCATTER, 2_000_000, 2, 1, False)
+    across = PlannedCall(REDUCE_SCATTER, 2_000_000, 2, 2, True)
+    assert m.call_seconds(inside) == pytest.approx(1e-4)          # 1 MB at 10 GB/s
+    assert m.call_seconds(across) == pytest.approx(1e-3)          # 1 MB at 1 GB/s
+
+
+def test_interpolation_between_two_measured_sizes():
+    points = ((1000, 1.0), (3000, 2.0))
+    assert interpolate(points, 2000) == pytest.approx(1.5)
+    assert interpolate(points, 10) == 1.0                         # below: the smallest's time
+    assert interpolate(points, 6000) == pytest.approx(4.0)        # above: in proportion to bytes
+    m = Machine(gemm=((1.0, 1.0),), bandwidth=1.0,
+                collectives={2: {op: points for op in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER)}})
+    assert m.call_seconds(PlannedCall(ALLGATHER, 2500, 2, 1, False)) == pytest.approx(1.75)
+
+
+def test_optimizer_is_owned_elements_times_adam_bytes_over_bandwidth():
+    assert adam_bytes(FP32) == 28                                 # read p g m v, write p m v
+    assert adam_bytes(precision_for("bf16")) == 2 + 24 + 2        # g; master m v read and written; p
+    for stage, owned in ((0, 1200), (1, 600), (3, 600)):          # 4 -> 100 -> 8: (5*100 + 101*8) = 1308
+        plan = plan_run(RunShape((4, 100, 8), stage, FP32, 2, 2))
+        assert abs(owned_elements(plan) - 1308 // (1 if stage == 0 else 2)) < 8   # padded to N
+        cost = step_cost(plan, cluster_machine(1.0, 1e-9, intra=(1.0, 0.0)))    # 1 byte per second
+        assert cost.optimizer_s == 28 * owned_elements(plan)
+    calibrated = Machine(gemm=((1.0, 1.0),), bandwidth=1.0, intra=Link(0.0, 1.0), adam_s={"float32": 2.0})
+    plan = plan_run(RunShape((4, 100, 8), 1, FP32, 2, 2))
+    assert step_cost(plan, calibrated).optimizer_s == 2.0 * owned_elements(plan)
+
+
+def test_overlap_hides_all_but_the_last_reduction_up_to_the_compute():
+    calls = [PlannedCall(REDUCE_SCATTER, 1, 2, 1, False)] * 3 + [PlannedCall(ALLREDUCE, 1, 2, 1, False),
+                                                                 PlannedCall(ALLGATHER, 1, 2, 1, False)]
+    seconds = [1.0, 2.0, 3.0, 5.0, 7.0]
+    assert hideable_seconds(calls, seconds, 2) == 3.0             # the first two reductions
+    stage3 = [PlannedCall(ALLGATHER, 1, 2, 1, False)] * 2 + calls
+    assert hideable_seconds(stage3, [11.0, 13.0] + seconds, 3) == 3.0 + 13.0 + 7.0   # gathers but the first
+    sizes = (64, 256, 256, 256, 10)
+    off = step_cost(plan_run(RunShape(sizes, 2, FP32, 16, 2)), cluster_machine(1.0, 10.0, intra=(0.01, 0.0)))
+    on_shape = RunShape(sizes, 2, FP32, 16, 2, overlap=OverlapConfig(enabled=True))
+    on = step_cost(plan_run(on_shape), cluster_machine(1.0, 10.0, intra=(0.01, 0.0)))
+    assert off.hidden_s == 0.0
+    assert 0 < on.hidden_s <= on.compute_s * 3 / 4
+    assert on.step_s == pytest.approx(off.step_s - on.hidden_s + (on.comm_s - off.comm_s))
+    shy = step_cost(plan_run(on_shape), cluster_machine(1.0, 10.0, intra=(0.01, 0.0), overlap_efficiency=0.0))
+    assert shy.hidden_s == 0.0
+
+
+def plan_cli(*flags, timeout=60):
+    return subprocess.run([sys.executable, "-m", "zerompi.plan", *map(str, flags)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+CLUSTER = ("--gemm-gflops", 0.1, "--mem-bandwidth-gbs", 1, "--intra-bandwidth-gbs", 1, "--intra-latency-us", 0)
+ROWS = ("--micro-batch-size", 16)
+
+
+def test_cli_help():
+    result = plan_cli("--help")
+    assert result.returncode == 0
+    assert "--calibration" in result.stdout and "calibrate" in result.stdout
+
+
+def test_cli_cluster_numbers_end_to_end():
+    # 64 -> 100 -> 10, 16 rows, N = 1: GEMMs 2*16*64*100 x 2 + 2*16*100*10 x 3 = 505,600 FLOPs at 0.1 GFLOP/s
+    # = 5.056 ms; elementwise 16 x 110 outputs x 192 B at 1 GB/s = 0.338 ms; AdamW (65*100 + 101*10) x 28 B
+    # = 0.210 ms; no collectives on one rank: 5.604 ms
+    result = plan_cli(*CLUSTER, "--hidden", 100, "--micro-batch-size", 16, "--memory-per-rank-gb", 1)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("|")[0].split()[1]: line for line in result.stdout.splitlines() if line.startswith("stage ")}
+    assert set(rows) == {"0", "1", "2", "3"}
+    assert rows["0"].split("|")[-1].strip() == "5.6"
+    assert "fastest that fits: stage" in result.stdout
+
+
+def test_cli_params_picks_a_width_and_nodes_add_hybrid_rows():
+    result = plan_cli(*CLUSTER, "--inter-bandwidth-gbs", 0.1, "--inter-latency-us", 10, "--ranks-per-node", 2,
+                      "--ranks", 4, "--params", 1e5, "--layers", 2, "--memory-per-rank-gb", 1e-4, *ROWS)
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0]
+    width = int(header.split("-")[1])
+    psi = int(header.split("(")[1].split(" ")[0].replace(",", ""))
+    assert header.startswith(f"MLP 64-{width}-{width}-10 ") and abs(psi - 1e5) < 2 * width
+    assert "stage 3 hybrid S=2" in result.stdout and "stage 3 hpZ L=2" in result.stdout
+    assert "no stage fits in 100.0 KB per rank" in result.stdout
+
+
+@pytest.mark.parametrize("flags", [
+    (),                                                                    # no machine
+    ("--hidden", 8),                                                       # still no machine
+    (*CLUSTER,),                                                           # no model
+    (*CLUSTER, "--hidden", 8, "--params", 1e6),
+    (*CLUSTER, "--hidden", "8,x"),
+    (*CLUSTER, "--hidden", 8, "--ranks", 3, "--batch-size", 10),
+    (*CLUSTER, "--hidden", 8),                                             # no batch
+    (*CLUSTER, "--hidden", 8, "--ranks", 2, "--batch-size", 32, "--micro-batch-size", 8),
+    (*CLUSTER, "--hidden", 8, "--ranks", 4, "--ranks-per-node", 2),       # no inter-node link
+    (*CLUSTER, "--hidden", 8, "--gemm-gflops", -1),
+])
+def test_cli_bad_flags_are_one_line(flags):
+    result = plan_cli(*flags)
+    assert result.returncode == 2
+    assert result.stderr.startswith("zerompi: error: ") and result.stderr.count("\n") == 1, result.stderr
+
+
+def good_calibration():
+    table = {op: [[1024, 1e-5], [1 << 20, 1e-3]] for op in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER)}
+    return {"format": "zerompi.plan calibration", "version": 1, "ranks": 2, "machine": {},
+            "gemm": [[1e6, 1e10], [1e9, 3e10]], "bandwidth": 1e10, "elementwise_s": 1e-9,
+            "adam_s": {"float32": 5e-9}, "layer_overhead_s": 1e-4, "step_overhead_s": 0,
+            "collectives": {"1": table, "2": table}, "overlap_efficiency": 0}
+
+
+def broken(change):
+    data = good_calibration()
+    change(data)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps(good_calibration())[:100],                                  # truncated
+    "[]",
+    broken(lambda d: d.update(format="something else")),
+    broken(lambda d: d.update(bandwidth=-1)),
+    broken(lambda d: d.update(gemm=[[1e9, 1e10], [1e6, 1e10]])),           # sizes fall
+    broken(lambda d: d["collectives"]["2"].pop(ALLGATHER)),
+    broken(lambda d: d["collectives"].update(two={})),
+    broken(lambda d: d.update(elementwise_s="fast")),
+    broken(lambda d: d.update(overlap_efficiency=2)),
+    broken(lambda d: d.pop("adam_s")),
+])
+def test_bad_calibration_file_is_one_line(tmp_path, text):
+    path = tmp_path / "machine.json"
+    path.write_text(text)
+    with pytest.raises(CalibrationError):
+        read_calibration(str(path))
+    result = plan_cli("--calibration", path, "--hidden", 8, "--ranks", 2, *ROWS)
+    assert result.returncode == 2
+    assert result.stderr.startswith("zerompi: error: ") and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_good_calibration_predicts_and_names_unmeasured_rank_counts(tmp_path):
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps(good_calibration()))
+    assert read_calibration(str(path)).collectives[2][ALLREDUCE] == ((1024.0, 1e-5), (1048576.0, 1e-3))
+    assert plan_cli("--calibration", path, "--hidden", 8, "--ranks", 2, *ROWS).returncode == 0
+    result = plan_cli("--calibration", path, "--hidden", 8, "--ranks", 4, *ROWS)
+    assert result.returncode == 2 and "calibrate under `mpirun -n 4`" in result.stderr
+
+
+def test_calibrate_writes_a_valid_file_at_two_ranks(tmp_path):
+    out = tmp_path / "machine.json"
+    run = launch(2, "calibrate", "--out", out, cwd=REPO_ROOT, program=("-m", "zerompi.plan"), timeout=180)
+    assert run.returncode == 0, run.describe()
+    machine = read_calibration(str(out))
+    assert set(machine.collectives) == {1, 2}
+    assert json.loads(out.read_text())["seconds"] < 60
+    assert not [p for p in os.listdir(tmp_path) if p != "machine.json"]     # no temporary left
