@@ -204,13 +204,19 @@ def test_starting_from_a_weights_file_stays_within_the_plans_start_allowance(fil
     assert peak <= start_transient_bytes(shape), (peak, start_transient_bytes(shape))
 
 
-def test_dry_run_into_a_closed_pipe_exits_0_without_a_traceback():
-    """`--dry-run | head -2`: the reader leaves early; the plan's writer must not raise."""
+@pytest.mark.parametrize("command", [
+    ["zerompi.train", "--dry-run", "--ranks", "4"],
+    ["zerompi.memory", "--params", "7e9"],
+    ["zerompi.plan", "--ranks", "2", "--hidden", "64", "--batch-size", "8", "--gemm-gflops", "50",
+     "--mem-bandwidth-gbs", "10", "--intra-bandwidth-gbs", "5", "--intra-latency-us", "1"],
+], ids=["dry-run", "memory", "plan"])
+def test_printing_into_a_closed_pipe_exits_0_without_a_traceback(command):
+    """`... | head -2`: the reader leaves early; the planning commands must not raise."""
     read_end, write_end = os.pipe()
     os.close(read_end)                                   # a reader that has gone already
     try:
-        run = subprocess.run([sys.executable, "-m", "zerompi.train", "--dry-run", "--ranks", "4"], cwd=ROOT,
-                             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+        run = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
     finally:
         os.close(write_end)
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr

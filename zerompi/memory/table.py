@@ -41,21 +41,21 @@ def _parse_float(text):
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
-def _positive_float(text):
+def positive_float(text):
     value = _parse_float(text)
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return value
 
 
-def _non_negative_float(text):
+def non_negative_float(text):
     value = _parse_float(text)
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
     return value
 
 
-def _rank_count(text):
+def rank_count(text):
     try:
         value = int(text)
     except ValueError:
@@ -65,7 +65,7 @@ def _rank_count(text):
     return value
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line, `zerompi: error: ...`, and exit status 2."""
 
     def error(self, message):
@@ -74,7 +74,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser():
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m zerompi.memory",
         description="Per-rank model-state memory and communication volume per step "
                     "for ZeRO stages 0-3. Stage 0 is plain data parallelism; stages 1, 2 "
@@ -82,16 +82,16 @@ def _build_parser():
                     "With --ranks-per-node: the same across nodes, beside hybrid sharding "
                     "and stage 3 with hpZ, and the bytes each node sends to the others.",
     )
-    parser.add_argument("--params", type=_positive_float, required=True,
+    parser.add_argument("--params", type=positive_float, required=True,
                         help="number of model parameters Ψ, e.g. 7e9")
-    parser.add_argument("--ranks", type=_rank_count, nargs="+",
+    parser.add_argument("--ranks", type=rank_count, nargs="+",
                         metavar="N", help="data-parallel rank counts, one table row each "
                                           "(default: " + " ".join(map(str, DEFAULT_RANKS)) + ")")
     bytes_choice = parser.add_mutually_exclusive_group()
     bytes_choice.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
                               help="mixed: P=2 G=2 K=12 (fp16 params/grads, fp32 master+m+v); "
                                    "fp32: P=4 G=4 K=8 (default: %(default)s)")
-    bytes_choice.add_argument("--bytes", type=_non_negative_float, nargs=3, metavar=("P", "G", "K"),
+    bytes_choice.add_argument("--bytes", type=non_negative_float, nargs=3, metavar=("P", "G", "K"),
                               help="bytes per parameter of parameter, gradient and optimizer "
                                    "state, overriding --precision")
     nodes = parser.add_argument_group(
@@ -101,12 +101,12 @@ def _build_parser():
                         "secondary copy of the parameters sharded over each node), ranks placed in "
                         "blocks of L per node, one row per node count. Ring model: a rank's bytes "
                         "cross nodes when its successor in the ring is on another node.")
-    nodes.add_argument("--ranks-per-node", type=_rank_count, metavar="L",
+    nodes.add_argument("--ranks-per-node", type=rank_count, metavar="L",
                        help="ranks per node: print the tables across nodes instead of the --ranks ones")
-    nodes.add_argument("--nodes", type=_rank_count, nargs="+", metavar="k",
+    nodes.add_argument("--nodes", type=rank_count, nargs="+", metavar="k",
                        help="node counts, one row each (N = k L ranks; default: "
                             + " ".join(map(str, DEFAULT_NODES)) + ")")
-    nodes.add_argument("--shard-group", type=_rank_count, metavar="S",
+    nodes.add_argument("--shard-group", type=rank_count, metavar="S",
                        help="ranks per group of hybrid sharding, dividing every row's N "
                             "(default: L, one node)")
     return parser

@@ -8,8 +8,9 @@
         --intra-latency-us 2 [--inter-bandwidth-gbs 12 --inter-latency-us 5 --ranks-per-node 8]
         --ranks N --params 7e8 [run options]
         one row per stage (and hybrid sharding and hpZ when the ranks span several nodes): memory
-        per rank (the run's own plan, zerompi/plan/__init__.py), whether it fits, and the predicted
-        step time in its parts (zerompi/plan/cost.py); then the fastest stage that fits.
+        per rank (what the run's preflight will ask for, zerompi/plan/preflight.py), whether it
+        fits, and the predicted step time in its parts (zerompi/plan/cost.py); then the fastest
+        stage that fits.
 
 Bad flags or a bad calibration file: one line, `zerompi: error: ...`, exit status 2.
 """
@@ -20,12 +21,14 @@ import sys
 from ..exit_codes import ExitCode
 from ..hierarchy import FLAT, Grouping
 from ..inputs import available_bytes, format_bytes
-from ..memory.table import _Parser, _positive_float, _rank_count
+from ..memory.table import OneLineParser, non_negative_float, positive_float, rank_count
 from ..overlap import OverlapConfig
+from ..pipes import until_reader_leaves
 from ..precision import DTYPE_NAMES, precision_for
-from . import RunShape, plan_memory, plan_run
+from . import RunShape, plan_run
 from .calibrate import CalibrationError, read_calibration
 from .cost import CostError, cluster_machine, step_cost
+from .preflight import need_bytes
 
 DIGITS_FEATURES, DIGITS_CLASSES = 64, 10           # the default data set's (--data digits)
 CLUSTER_FLAGS = ("gemm_gflops", "mem_bandwidth_gbs", "intra_bandwidth_gbs", "intra_latency_us")
@@ -41,48 +44,44 @@ def _widths(text):
     return widths
 
 
-def _non_negative_float(text):
-    return 0.0 if text.strip() in ("0", "0.0") else _positive_float(text)
-
-
 def predict_parser():
-    p = _Parser(prog="python -m zerompi.plan",
+    p = OneLineParser(prog="python -m zerompi.plan",
                 description="Predict memory per rank and step time of ZeRO stages 0-3 for a run, from this "
                             "machine's calibration or a cluster's numbers, and name the fastest stage that "
                             "fits. `mpirun -n N python -m zerompi.plan calibrate --out FILE` measures this "
                             "machine (see `python -m zerompi.plan calibrate --help`).")
     m = p.add_argument_group("the machine: a calibration file, or a cluster's numbers (per rank)")
     m.add_argument("--calibration", metavar="FILE", help="written by `python -m zerompi.plan calibrate`")
-    m.add_argument("--gemm-gflops", type=_positive_float, help="GEMM rate of one rank, GFLOP/s")
-    m.add_argument("--mem-bandwidth-gbs", type=_positive_float, help="memory bandwidth of one rank, GB/s")
-    m.add_argument("--intra-bandwidth-gbs", type=_positive_float, help="bandwidth between ranks of a node, GB/s")
-    m.add_argument("--intra-latency-us", type=_non_negative_float, help="latency between ranks of a node, us")
-    m.add_argument("--inter-bandwidth-gbs", type=_positive_float, help="bandwidth between nodes, GB/s per rank")
-    m.add_argument("--inter-latency-us", type=_non_negative_float, help="latency between nodes, us")
-    m.add_argument("--ranks-per-node", type=_rank_count, help="ranks on each node (default: all on one)")
-    m.add_argument("--memory-per-rank-gb", type=_positive_float,
+    m.add_argument("--gemm-gflops", type=positive_float, help="GEMM rate of one rank, GFLOP/s")
+    m.add_argument("--mem-bandwidth-gbs", type=positive_float, help="memory bandwidth of one rank, GB/s")
+    m.add_argument("--intra-bandwidth-gbs", type=positive_float, help="bandwidth between ranks of a node, GB/s")
+    m.add_argument("--intra-latency-us", type=non_negative_float, help="latency between ranks of a node, us")
+    m.add_argument("--inter-bandwidth-gbs", type=positive_float, help="bandwidth between nodes, GB/s per rank")
+    m.add_argument("--inter-latency-us", type=non_negative_float, help="latency between nodes, us")
+    m.add_argument("--ranks-per-node", type=rank_count, help="ranks on each node (default: all on one)")
+    m.add_argument("--memory-per-rank-gb", type=positive_float,
                    help="memory each rank may use (default: this machine's available memory shared by the "
                         "ranks of a node)")
     r = p.add_argument_group("the run")
-    r.add_argument("--ranks", type=_rank_count, default=1, help="N, ranks in all (default 1)")
+    r.add_argument("--ranks", type=rank_count, default=1, help="N, ranks in all (default 1)")
     r.add_argument("--hidden", type=_widths, help="hidden layer widths, comma-separated")
-    r.add_argument("--params", type=_positive_float, metavar="PSI",
+    r.add_argument("--params", type=positive_float, metavar="PSI",
                    help="instead of --hidden: --layers hidden layers of the width that reaches PSI parameters")
-    r.add_argument("--layers", type=_rank_count, default=4, help="hidden layers for --params (default 4)")
-    r.add_argument("--features", type=_rank_count, default=DIGITS_FEATURES,
+    r.add_argument("--layers", type=rank_count, default=4, help="hidden layers for --params (default 4)")
+    r.add_argument("--features", type=rank_count, default=DIGITS_FEATURES,
                    help=f"input width (default {DIGITS_FEATURES}, the digits data set's)")
-    r.add_argument("--classes", type=_rank_count, default=DIGITS_CLASSES,
+    r.add_argument("--classes", type=rank_count, default=DIGITS_CLASSES,
                    help=f"output width (default {DIGITS_CLASSES}, the digits data set's)")
-    r.add_argument("--batch-size", type=_rank_count, help="global batch: rows per step over all ranks")
-    r.add_argument("--micro-batch-size", type=_rank_count, help="rows per rank in each micro-batch")
-    r.add_argument("--grad-accum", type=_rank_count, help="micro-batches per step (default 1)")
+    r.add_argument("--batch-size", type=rank_count, help="global batch: rows per step over all ranks")
+    r.add_argument("--micro-batch-size", type=rank_count, help="rows per rank in each micro-batch")
+    r.add_argument("--grad-accum", type=rank_count, help="micro-batches per step (default 1)")
     r.add_argument("--dtype", default="float32", choices=tuple(DTYPE_NAMES), metavar="{float32,float64,bf16,fp16}")
     r.add_argument("--overlap", action="store_true", help="the collectives on a communication thread")
     return p
 
 
 def calibrate_parser():
-    p = _Parser(prog="python -m zerompi.plan calibrate",
+    p = OneLineParser(prog="python -m zerompi.plan calibrate",
                 description="Measure this machine's limits for the cost model at N ranks (run it under "
                             "`mpirun -n N`): GEMM rates, memory bandwidth, AdamW per element, Python's "
                             "overhead per layer, and the collectives at N (about 10 s at N = 2). Each is "
@@ -168,14 +167,16 @@ def predict(args, parser):
     shape = RunShape(sizes, 0, precision, micro, N, accum, FLAT, OverlapConfig(enabled=args.overlap), node_of_rank)
     rows_out = []
     for name, stage, grouping in variants(args):
-        s = RunShape(sizes, stage, precision, micro, N, accum, grouping, shape.overlap, node_of_rank)
-        memory = max(plan_memory(s, rank).total_bytes for rank in {0, N - 1})
+        s = RunShape(sizes, stage, precision, micro, N, accum, grouping, shape.overlap, node_of_rank,
+                     watchdog=True)                    # zerompi.train's default --collective-timeout
+        memory = max(need_bytes(s, rank) for rank in {0, N - 1})   # what the run's preflight asks for
         rows_out.append((name, memory, step_cost(plan_run(s), machine)))
     print(f"MLP {'-'.join(map(str, sizes))} ({shape.num_params:,} params, {precision.name}) | {N} ranks"
           f"{f', {L} per node' if L < N else ''} | {micro} rows per rank x {accum} micro-batches | overlap "
-          f"{'on' if args.overlap else 'off'} | machine: {args.calibration or 'the cluster numbers given'} | "
-          f"memory per rank: {format_bytes(available) if available else 'unknown'}")
-    print(f"{'':20} {'memory/rank':>11} {'fits':>4} | {'compute':>8} {'elemwise':>8} {'optim':>8} {'overhead':>8} "
+          f"{'on' if args.overlap else 'off'}")
+    print(f"machine: {args.calibration or 'the cluster numbers given'} | memory per rank: "
+          f"{format_bytes(available) if available else 'unknown'}")
+    print(f"{'':20} {'needs/rank':>11} {'fits':>4} | {'compute':>8} {'elemwise':>8} {'optim':>8} {'overhead':>8} "
           f"{'comm':>8} {'hidden':>8} | {'step ms':>8}")
     best = None
     for name, memory, cost in rows_out:
@@ -223,4 +224,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(until_reader_leaves(main) or 0)

@@ -18,7 +18,6 @@ and only the launcher's rank 0 prints. Ranks per node: --ranks-per-node, else th
 (MPI_LOCALNRANKS, OMPI_COMM_WORLD_LOCAL_SIZE), else all N on one node; ranks are placed in blocks.
 The plan is of the CPU path (a GPU run's preflight plans its own device's buffers).
 """
-import os
 import sys
 import textwrap
 from dataclasses import replace
@@ -35,6 +34,7 @@ from ..hierarchy import FLAT
 from ..inputs import format_bytes
 from ..ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
 from ..overlap import OverlapConfig
+from ..pipes import until_reader_leaves
 from ..plan import RunShape, plan_run
 from ..plan.preflight import MOST_RANKS, describe, need_bytes, preflight_error, runtime_bytes, start_transient_bytes
 from ..plan.virtual import PlannedCommunicator
@@ -78,10 +78,7 @@ def answer_dry_run(argv, environ, out=sys.stdout):
             print(f"zerompi: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(ExitCode.BAD_INPUT)
     if rank == 0:
-        try:
-            print(text, file=out, flush=True)
-        except BrokenPipeError:                  # `--dry-run | head`: the reader has what it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())   # no second error at exit
+        until_reader_leaves(lambda: print(text, file=out, flush=True))     # `--dry-run | head`
     raise SystemExit(ExitCode.OK)
 
 
