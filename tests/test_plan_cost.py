@@ -206,3 +206,18 @@ def test_calibrate_writes_a_valid_file_at_two_ranks(tmp_path):
     assert set(machine.collectives) == {1, 2}
     assert json.loads(out.read_text())["seconds"] < 60
     assert not [p for p in os.listdir(tmp_path) if p != "machine.json"]     # no temporary left
+
+
+def test_the_accuracy_benchmark_prints_predicted_beside_measured(tmp_path):
+    """benchmarks/plan_accuracy.py on a small MLP, one round: one row per stage with the prediction's
+    parts summing to it, and each ratio its predicted over its measured (no timing asserted)."""
+    run = launch(2, "--widths", 256, "--repeats", 1, "--steps", 1, "--warmup", 1, cwd=tmp_path,
+                 program=(os.path.join(REPO_ROOT, "benchmarks", "plan_accuracy.py"),), timeout=240)
+    assert run.returncode == 0, run.describe()
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith("  256 ")]
+    assert [row[1] for row in rows] == ["0", "1", "2", "3"], run.stdout
+    for row in rows:
+        parts, predicted, measured = [float(v) for v in row[3:8]], float(row[9]), float(row[10])
+        ratio, lowest, highest = float(row[12]), float(row[13]), float(row[14])
+        assert predicted == pytest.approx(sum(parts), abs=0.3) and predicted > 0     # each part to 0.1 ms
+        assert ratio == pytest.approx(predicted / measured, rel=0.1) and lowest == ratio == highest   # one round
