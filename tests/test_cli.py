@@ -459,6 +459,9 @@ def test_help_and_version_work_where_mpi_cannot_start(tmp_path):
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.startswith(says), run.stdout
         assert "mpi4py.MPI" not in run.stderr                      # -X importtime lists every import
+    dry = subprocess.run([sys.executable, "-m", "zerompi.train", "--dry-run", "--ranks", "2"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)    # loads the MPI library, never starts it
+    assert dry.returncode == 0 and dry.stdout.startswith("zerompi dry run: MLP 64-128-128-10"), dry.stderr[-2000:]
     assert files_under(tmp_path) == []
 
 
@@ -476,7 +479,7 @@ def test_exit_statuses_keep_their_numbers():
     from zerompi.exit_codes import ExitCode
     assert {code.name: int(code) for code in ExitCode} == {
         "OK": 0, "FAILED": 1, "BAD_INPUT": 2, "DIVERGED": 3, "PREEMPTED": 4, "COLLECTIVE_MISMATCH": 5,
-        "COLLECTIVE_TIMEOUT": 6, "INTERRUPTED": 130}
+        "COLLECTIVE_TIMEOUT": 6, "OUT_OF_MEMORY": 7, "INTERRUPTED": 130}
 
 
 # ----------------------------------------------------------------------------------------------

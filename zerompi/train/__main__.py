@@ -9,9 +9,10 @@ import os
 import sys
 
 from .config import answer_without_mpi
-from .planning import answer_dry_run
 
 answer_without_mpi(sys.argv[1:], os.environ)       # --help, --version: printed, exit 0
+from .planning import answer_dry_run                 # noqa: E402 (loads the MPI library, never starts it)
+
 answer_dry_run(sys.argv[1:], os.environ)           # --dry-run: the plan printed, exit 0 (docs/planning.md)
 from .run import main                                # noqa: E402 (imports mpi4py.MPI)
 

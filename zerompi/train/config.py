@@ -231,7 +231,7 @@ def _epilog():
 def add_planning_flags(parser):
     """--dry-run and its two numbers, for build_parser (zerompi/train/config.py)."""
     group = parser.add_argument_group("planning (docs/planning.md)")
-    group.add_argument("--dry-run", action="store_true", help="print the plan of the run (each rank's bytes "
+    group.add_argument("--dry-run", action="store_true", default=None, help="print the plan of the run (each rank's bytes "
                        "by kind and one step's collectives, every stage side by side) and exit, without MPI")
     group.add_argument("--ranks", type=int, metavar="N", help="--dry-run: plan for N ranks (default: the "
                        "launcher's)")

@@ -7,7 +7,7 @@ The names themselves live where they are read; this table only collects them.
 from ..devices.choice import LOCAL_RANK_VARIABLES
 from ..devices.mpi_cuda import OVERRIDE as CUDA_AWARE_OVERRIDE
 from .destination import SLURM_JOB, SLURM_PTY
-from .launch import LAUNCHER_RANK_VARIABLES, LAUNCHER_SIZE_VARIABLES
+from .launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_RANK_VARIABLES, LAUNCHER_SIZE_VARIABLES
 from .metrics import SLURM_RESTARTS
 
 # (names, what zerompi does with them), in the order --help lists them
@@ -16,6 +16,7 @@ ENVIRONMENT = (
     (LAUNCHER_SIZE_VARIABLES, "processes the launcher started: must match MPI's rank count"),
     (LAUNCHER_RANK_VARIABLES, "this process's rank before MPI starts (who prints --help)"),
     (LOCAL_RANK_VARIABLES, "rank on its node: which GPU it uses"),
+    (LAUNCHER_LOCAL_SIZE_VARIABLES, "--dry-run: ranks per node (default: all on one)"),
     ((CUDA_AWARE_OVERRIDE,), "1 or 0: whether MPI reads GPU memory (default: asked)"),
     ((SLURM_JOB, SLURM_PTY), "a Slurm job (lines), or srun --pty (live): --progress auto"),
     ((SLURM_RESTARTS,), "Slurm's requeue count, written into --metrics and TensorBoard"),

@@ -24,6 +24,7 @@ from ..devices.choice import first_number
 # nothing about the ranks. SLURM_* count only when no MPI launcher set its own.
 LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
 LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+LAUNCHER_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")   # ranks on this node
 
 
 def launch_mismatch(mpi_size, environ):

@@ -15,7 +15,7 @@ run's collectives call by call. Exit 0 (a plan that does not fit here is still a
 
 N is --ranks, else the launcher's size (PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...: zerompi/train/launch.py),
 and only the launcher's rank 0 prints. Ranks per node: --ranks-per-node, else the launcher's
-(MPI_LOCALNRANKS, OMPI_COMM_WORLD_LOCAL_SIZE), else all N on one node; ranks are placed in blocks.
+(MPI_LOCALNRANKS, OMPI_COMM_WORLD_LOCAL_SIZE: zerompi/train/launch.py), else all N on one node; ranks are placed in blocks.
 The plan is of the CPU path (a GPU run's preflight plans its own device's buffers).
 """
 import sys
@@ -26,7 +26,7 @@ from .config import _Parser, add_planning_flags, check_config, parse_args
 from .data import load_data
 from .errors import ArgumentError
 from .grouping import grouping_error, resolve_grouping
-from .launch import LAUNCHER_SIZE_VARIABLES, launcher_rank
+from .launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_SIZE_VARIABLES, launcher_rank
 from ..devices.choice import first_number
 from ..devices.cpu import CPU
 from ..exit_codes import ExitCode
@@ -40,7 +40,6 @@ from ..plan.preflight import MOST_RANKS, describe, need_bytes, preflight_error, 
 from ..plan.virtual import PlannedCommunicator
 from ..precision import precision_for
 
-LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 OP_NAMES = {ALLREDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALLGATHER: "all-gather"}
 
 
@@ -88,7 +87,7 @@ def dry_run_text(argv, environ, ranks, ranks_per_node):
         raise ArgumentError("--dry-run needs --ranks N (or a launcher that starts N processes)")
     if not 1 <= num_ranks <= MOST_RANKS:
         raise ArgumentError(f"--ranks must be in 1..{MOST_RANKS}, got {num_ranks}")
-    per_node = ranks_per_node if ranks_per_node is not None else first_number(environ, LOCAL_SIZE_VARIABLES)
+    per_node = ranks_per_node if ranks_per_node is not None else first_number(environ, LAUNCHER_LOCAL_SIZE_VARIABLES)
     per_node = per_node if ranks_per_node is not None or per_node else num_ranks
     if not 1 <= per_node <= num_ranks:
         raise ArgumentError(f"--ranks-per-node must be in 1..{num_ranks}, got {per_node}")
