@@ -114,7 +114,7 @@ def test_dry_run_prints_the_plan_of_every_stage_without_mpi():
     lines = run.stdout.splitlines()
     assert lines[0] == "zerompi dry run: MLP 64-8192-8192-8192-8192-10 (201,965,578 parameters), float32"
     assert "4 ranks on 1 node, 16 rows per rank x 1 micro-batch" in lines[1]
-    assert lines[3].split() == ["per", "rank", "st", "0*", "st", "1", "st", "2", "st", "3"]
+    assert lines[3].split() == ["rank", "0,", "memory", "st", "0*", "st", "1", "st", "2", "st", "3"]
     plans = [plan_run(replace(WIDE, stage=s)) for s in range(4)]
     optimizer = next(line for line in lines if line.startswith("  optimizer")).split()[1:]
     assert optimizer == ["1.6", "GB", "403.9", "MB", "403.9", "MB", "403.9", "MB"]
@@ -122,6 +122,10 @@ def test_dry_run_prints_the_plan_of_every_stage_without_mpi():
     gathers = next(line for line in lines if line.startswith("  all-gathers")).split()[1:]
     assert gathers == ["0", "5", "5", "10"]
     assert "    1 x all-reduce of 56 B over 4 ranks" in lines         # the step's sums: 5 + 2 float64
+    crossing = dry_run("--ranks", 8, "--ranks-per-node", 4, "--hidden", "8192,8192,8192,8192", "--batch-size", 64,
+                       "--stage", 3, "--hpz").stdout.splitlines()
+    inter = next(line for line in crossing if line.startswith("  inter-node, rank 3")).split()[3:]
+    assert inter == ["1.4", "GB"] * 3 + ["2.1", "GB", "1.4", "GB"]     # flat 2 Psi or 3 Psi (N-1)/N; hpZ 2 Psi
 
 
 def test_dry_run_takes_n_from_the_launcher_and_nodes_from_the_flag():

@@ -78,8 +78,12 @@ def thread_bytes():
 
 def need_bytes(shape, rank=0, device=None):
     """Bytes a rank of this run needs at its peak (see the module docstring)."""
-    plan = plan_run(shape, rank, device)
-    return plan.total_bytes + start_transient_bytes(shape) + runtime_bytes(plan)
+    return need_of(plan_run(shape, rank, device))
+
+
+def need_of(plan):
+    """need_bytes of a plan made already."""
+    return plan.total_bytes + start_transient_bytes(plan.shape) + runtime_bytes(plan)
 
 
 def describe(shape):

@@ -32,11 +32,12 @@ from ..devices.cpu import CPU
 from ..exit_codes import ExitCode
 from ..hierarchy import FLAT
 from ..inputs import format_bytes
+from ..memory import ring_traffic
 from ..ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
 from ..overlap import OverlapConfig
 from ..pipes import until_reader_leaves
 from ..plan import RunShape, plan_run
-from ..plan.preflight import MOST_RANKS, describe, need_bytes, preflight_error, runtime_bytes, start_transient_bytes
+from ..plan.preflight import MOST_RANKS, describe, need_of, preflight_error, runtime_bytes, start_transient_bytes
 from ..plan.virtual import PlannedCommunicator
 from ..precision import precision_for
 
@@ -104,11 +105,14 @@ def dry_run_text(argv, environ, ranks, ranks_per_node):
     chosen = run_shape(cfg, sizes, num_ranks, grouping, node_of_rank)
     shown = [replace(chosen, stage=stage, grouping=FLAT) for stage in range(4)]     # at most 5 columns
     shown += [] if chosen in shown else [chosen]
-    return format_plans(chosen, [plan_run(shape) for shape in shown], per_node)
+    edge = per_node - 1                      # the last rank of node 0: its ring successor is on node 1
+    return format_plans(chosen, [plan_run(shape) for shape in shown], [plan_run(shape, edge) for shape in shown],
+                        per_node)
 
 
-def format_plans(chosen, plans, per_node):
-    """The dry run's text: the plans side by side (the chosen one starred), its verdict here, its calls."""
+def format_plans(chosen, plans, edge_plans, per_node):
+    """The dry run's text: rank 0's plans side by side (the chosen one starred), the inter-node
+    bytes of the last rank of node 0 (edge_plans), the verdict here, the chosen run's calls."""
     s = chosen
     nodes = -(-s.num_ranks // per_node)
     lines = [f"zerompi dry run: MLP {'-'.join(map(str, s.sizes))} ({s.num_params:,} parameters), "
@@ -118,29 +122,30 @@ def format_plans(chosen, plans, per_node):
              f"{', overlap' if s.overlap.enabled else ''}; * = the chosen run", ""]
     names = [describe(p.shape).replace("stage ", "st ").replace(" in groups of ", " S=")
              .replace(" with hpZ", " hpZ") + ("*" if p.shape == s else "") for p in plans]
+
     def row(label, values):
         return f"{label:<20}" + "".join(f"{v:>11}" for v in values)
 
-    lines.append(row("per rank", names))
+    lines.append(row("rank 0, memory", names))
     for kind in MEMORY_KINDS:
         lines.append(row(f"  {kind}", [_size(p.bytes_by_kind[kind]) for p in plans]))
     lines.append(row("  start: init values", [_size(start_transient_bytes(p.shape)) for p in plans]))
     lines.append(row("  MPI, threads, rest", [_size(runtime_bytes(p)) for p in plans]))
-    lines.append(row("  needs", [_size(p.total_bytes + start_transient_bytes(p.shape) + runtime_bytes(p))
-                                 for p in plans]))
+    lines.append(row("  needs", [_size(need_of(p)) for p in plans]))
     bpp = s.precision.bytes_per_param()
     formulas = [p.shape.grouping.model_state_bytes(p.shape.stage, s.num_params, s.num_ranks, bpp)["total"]
                 for p in plans]
     lines.append(row("  model state", [_size(p.bytes_by_kind["params"] + p.bytes_by_kind["grads"] +
                                                     p.bytes_by_kind["optimizer"]) for p in plans]))
     lines.append(row("    formula at Psi", [_size(f) for f in formulas]))
-    lines += ["", row("per rank and step", names)]
+    lines += ["", row("rank 0, per step", names)]
     for op in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER):
         lines.append(row(f"  {OP_NAMES[op]}s", [sum(c.op == op for c in p.calls) for p in plans]))
     for purpose in (GRADS, PARAMS, METRICS):
         lines.append(row(f"  ring {purpose}", [_size(p.ledger.totals({purpose})[1]) for p in plans]))
-    lines.append(row("  inter-node", [_size(p.ledger.inter_node({GRADS, PARAMS, METRICS})[0])
-                                      for p in plans]))
+    edge = edge_plans[0].rank
+    lines.append(row(f"  inter-node, rank {edge}", [_size(p.ledger.inter_node({GRADS, PARAMS, METRICS})[0])
+                                                   for p in edge_plans]))
     lines.append(row("  ring elements", [_count(p.ledger.totals({GRADS, PARAMS})[2]) for p in plans]))
     lines.append(row("    formula at Psi", [_count(_comm_formula(p.shape)) for p in plans]))
     lines += ["", verdict(s, plans, per_node), "", f"the chosen run's collectives per step, in order ({describe(s)}):"]
@@ -159,13 +164,10 @@ def _count(n):
 
 
 def _comm_formula(shape):
-    """Ring elements per rank and step by zerompi.memory's formulas (rank 0's rings)."""
+    """Ring elements per rank and step by zerompi.memory's formulas (rank 0's)."""
     collectives = shape.grouping.ring_collectives(shape.stage, shape.num_params, shape.num_ranks, shape.micro_batches)
-    total = 0.0
-    for c in collectives:
-        ring = next(r for r in c.rings if 0 in r)
-        total += c.passes * c.numel * (len(ring) - 1) / len(ring)
-    return total
+    rank0 = ring_traffic(collectives, shape.node_of_rank or (0,) * shape.num_ranks)[0]
+    return sum(rank0["intra"].values()) + sum(rank0["inter"].values())
 
 
 def verdict(chosen, plans, per_node):
@@ -175,7 +177,7 @@ def verdict(chosen, plans, per_node):
     if available is None:
         return "this machine reports no memory limit: nothing to check the plans against"
     error = preflight_error(chosen, 0, device, per_node)
-    fits = [describe(p.shape) for p in plans if need_bytes(p.shape) <= available]
+    fits = [describe(p.shape) for p in plans if need_of(p) <= available]
     lines = [f"here, {_size(available)} per rank ({limit}); fit: {', '.join(fits) or 'none'}"]
     lines += [f"the run would stop: {error}"] if error else []
     return "\n".join(textwrap.fill(line, 80, break_on_hyphens=False, subsequent_indent="  ") for line in lines)
