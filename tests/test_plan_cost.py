@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from test_cli import launch
-from zerompi.ledger import ALLGATHER, ALLREDUCE, REDUCE_SCATTER
+from zerompi.ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, PARAMS, REDUCE_SCATTER
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_run
 from zerompi.plan.calibrate import CalibrationError, read_calibration
@@ -68,7 +68,7 @@ def test_interpolation_between_two_measured_sizes():
 def test_optimizer_is_owned_elements_times_adam_bytes_over_bandwidth():
     assert adam_bytes(FP32) == 28                                 # read p g m v, write p m v
     assert adam_bytes(precision_for("bf16")) == 2 + 24 + 2        # g; master m v read and written; p
-    for stage, owned in ((0, 1200), (1, 600), (3, 600)):          # 4 -> 100 -> 8: (5*100 + 101*8) = 1308
+    for stage in (0, 1, 3):                                       # 4 -> 100 -> 8: (5*100 + 101*8) = 1308
         plan = plan_run(RunShape((4, 100, 8), stage, FP32, 2, 2))
         assert abs(owned_elements(plan) - 1308 // (1 if stage == 0 else 2)) < 8   # padded to N
         cost = step_cost(plan, cluster_machine(1.0, 1e-9, intra=(1.0, 0.0)))    # 1 byte per second
@@ -79,11 +79,11 @@ def test_optimizer_is_owned_elements_times_adam_bytes_over_bandwidth():
 
 
 def test_overlap_hides_all_but_the_last_reduction_up_to_the_compute():
-    calls = [PlannedCall(REDUCE_SCATTER, 1, 2, 1, False)] * 3 + [PlannedCall(ALLREDUCE, 1, 2, 1, False),
-                                                                 PlannedCall(ALLGATHER, 1, 2, 1, False)]
+    calls = ([PlannedCall(REDUCE_SCATTER, 1, 2, 1, False, purpose=GRADS)] * 3 +
+             [PlannedCall(ALLREDUCE, 1, 2, 1, False, purpose=METRICS), PlannedCall(ALLGATHER, 1, 2, 1, False, purpose=PARAMS)])
     seconds = [1.0, 2.0, 3.0, 5.0, 7.0]
     assert hideable_seconds(calls, seconds, 2) == 3.0             # the first two reductions
-    stage3 = [PlannedCall(ALLGATHER, 1, 2, 1, False)] * 2 + calls
+    stage3 = [PlannedCall(ALLGATHER, 1, 2, 1, False, purpose=PARAMS)] * 2 + calls
     assert hideable_seconds(stage3, [11.0, 13.0] + seconds, 3) == 3.0 + 13.0 + 7.0   # gathers but the first
     sizes = (64, 256, 256, 256, 10)
     off = step_cost(plan_run(RunShape(sizes, 2, FP32, 16, 2)), cluster_machine(1.0, 10.0, intra=(0.01, 0.0)))
@@ -221,3 +221,15 @@ def test_the_accuracy_benchmark_prints_predicted_beside_measured(tmp_path):
         ratio, lowest, highest = float(row[12]), float(row[13]), float(row[14])
         assert predicted == pytest.approx(sum(parts), abs=0.3) and predicted > 0     # each part to 0.1 ms
         assert ratio == pytest.approx(predicted / measured, rel=0.1) and lowest == ratio == highest   # one round
+
+
+def test_planned_calls_carry_the_purpose_the_ledger_counts():
+    """hideable_seconds reads the purpose: the step's metric sums are never hidden."""
+    plan = plan_run(RunShape((4, 100, 8), 0, precision_for("bf16"), 2, 2, micro_batches=2))
+    assert [c.purpose for c in plan.calls] == [GRADS] * (len(plan.calls) - 1) + [METRICS]
+    for purpose in (GRADS, METRICS):
+        ledger_bytes = plan.ledger.totals({purpose})[1]
+        ring = sum(c.nbytes * (2 if c.op == ALLREDUCE else 1) / 2 for c in plan.calls if c.purpose == purpose)
+        assert ring == ledger_bytes                                  # N = 2: (N-1)/N = 1/2
+    stage3 = plan_run(RunShape((4, 100, 8), 3, FP32, 2, 2))
+    assert {c.purpose for c in stage3.calls if c.op == ALLGATHER} == {PARAMS}

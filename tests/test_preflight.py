@@ -46,7 +46,7 @@ def test_need_is_the_plan_plus_the_init_chunk_plus_mpi_scratch_and_the_reserve()
     # hybrid sharding with watchdogs: MPI's scratch on each of its 3 communicators, 2 more threads
     hybrid = replace(WIDE, stage=2, num_ranks=4, grouping=Grouping(shard_group=2), watchdog=True)
     split = plan_run(hybrid)
-    assert (split.communicators, split.threads) == (3, 2)
+    assert {call.communicator for call in split.calls} == {0, 1, 2} and split.threads == 2
     scratch = {c: max(call.nbytes for call in split.calls if call.communicator == c) for c in range(3)}
     assert scratch == {0: (5 + 2) * 8, 1: 8193 * 8192 * 4, 2: 8193 * 8192 * 4 // 2}   # sums; a layer; its shard
     assert need_bytes(hybrid) == (split.total_bytes + INIT_CHUNK * 12 + sum(scratch.values()) +

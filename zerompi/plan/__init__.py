@@ -59,7 +59,6 @@ class RunPlan:
     buffers: list                    # (kind, name, shape, dtype, nbytes) of each, as the ledger lists them
     ledger: object = None            # one step's CommLedger (None: memory only)
     calls: list = field(default_factory=list)   # one step's PlannedCalls, in order
-    communicators: int = 1           # the world and those the engine made (splits, duplicate)
     threads: int = 0                 # threads the engine starts: --overlap's, the new communicators' watchdogs
 
     @property
@@ -89,10 +88,9 @@ def plan_run(shape, rank=0, device=None):
 
 def _plan(engine, shape, rank, ledger=None, calls=()):
     engine.stage.collectives.close()            # --overlap: the plan's communication thread ends
-    made = len(engine.comm.made)
-    threads = (made - 1) * shape.watchdog + shape.overlap.enabled
+    threads = (len(engine.comm.made) - 1) * shape.watchdog + shape.overlap.enabled   # the world's watchdog runs already
     return RunPlan(shape, rank, dict(engine.memory.bytes_by_kind), list(engine.memory.buffers), ledger, list(calls),
-                   made, threads)
+                   threads)
 
 
 def step_collectives(engine, micro_batches):

@@ -38,7 +38,7 @@ as MPI gets it) and a Machine (measured by zerompi/plan/calibrate.py, or a clust
                                 left to run behind) + stage 3's parameter all-gathers but the
                                 first (prefetched behind the layers before them)
                      hidden   = overlap_efficiency x min(hideable, compute x (L-1)/L)
-                 The step's last all-reduce (its metric sums) and stages 1-2's all-gathers
+                 The step's metric sums (purpose METRICS) and stages 1-2's all-gathers
                  after AdamW are never hidden. overlap_efficiency is 1 where each rank has a
                  spare core or a network card moves its bytes, 0 where every core runs a rank
                  (measured: the copies then take the cores the GEMMs need,
@@ -48,7 +48,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from ..ledger import ALLGATHER, ALLREDUCE, REDUCE_SCATTER
+from ..ledger import ALLGATHER, ALLREDUCE, GRADS, PARAMS, REDUCE_SCATTER
 
 OPS = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER)
 ELEMENTWISE_BYTES = 8 * 24    # ~24 passes (bias, GELU forward 9, backward 12, bias sum), read + write float32
@@ -191,12 +191,10 @@ def step_cost(plan, machine):
 
 def hideable_seconds(calls, seconds, stage):
     """The gradient reductions but the last, and stage 3's all-gathers but the first. The step's
-    last all-reduce is its metric sums (zerompi/step.py), never hidden; stages 1-2 all-gather
-    after AdamW, with nothing left to run behind."""
-    last_allreduce = max((i for i, c in enumerate(calls) if c.op == ALLREDUCE), default=None)
-    grads = [s for i, (c, s) in enumerate(zip(calls, seconds))
-             if c.op == REDUCE_SCATTER or (c.op == ALLREDUCE and i != last_allreduce)]
-    gathers = [s for c, s in zip(calls, seconds) if c.op == ALLGATHER] if stage == 3 else []
+    metric sums (zerompi/step.py) are never hidden; stages 1-2 all-gather after AdamW, with
+    nothing left to run behind."""
+    grads = [s for c, s in zip(calls, seconds) if c.purpose == GRADS]
+    gathers = [s for c, s in zip(calls, seconds) if c.purpose == PARAMS] if stage == 3 else []
     return sum(grads[:-1]) + sum(gathers[1:])
 
 

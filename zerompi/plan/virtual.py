@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..comm import Communicator, ReductionStaging
-from ..ledger import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommLedger
+from ..ledger import ALLGATHER, ALLREDUCE, GRADS, REDUCE_SCATTER, CommLedger
 from ..nodes import number_nodes, sends_across_nodes
 from ..observe.guards import Guards
 
@@ -73,6 +73,7 @@ class PlannedCall(NamedTuple):
     nodes: int           # nodes those ranks are on
     across_nodes: bool   # this rank's ring successor is on another node
     communicator: int = 0   # which: 0 the world, then each one the engine made (split, duplicate)
+    purpose: str = GRADS    # what the ledger counts it as: GRADS, PARAMS or METRICS
 
 
 class PlannedTransport:
@@ -84,7 +85,7 @@ class PlannedTransport:
     def _note(self, op, buf):
         c = self.comm
         self.calls.append(PlannedCall(op, buf.nbytes, c.size, len(set(c.node_of_rank)), c.across_nodes,
-                                      c.number))
+                                      c.number, c.purpose))
 
     def sum_all(self, buf):
         self._note(ALLREDUCE, buf)
@@ -118,10 +119,16 @@ class PlannedCommunicator(Communicator):
         self.guards = Guards(None, rank, size, abort=_never)   # never turned on
         self.calls = calls if calls is not None else []
         self.transport = PlannedTransport(self, self.calls)
+        self.purpose = None                       # of the collective in progress (_begin)
         self.cuda_aware = False
         self.made = made if made is not None else []
         self.number = len(self.made)              # 0: the world
         self.made.append(self)
+
+    def _begin(self, op, purpose, buffer):
+        """Communicator._begin, noting the purpose for the PlannedCall the transport makes."""
+        self.purpose = purpose
+        return super()._begin(op, purpose, buffer)
 
     def split(self, color_of):
         """The ranks with this rank's color, as Communicator.split would group them."""
