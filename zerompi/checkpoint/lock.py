@@ -1,30 +1,47 @@
 """One run per save directory: `save_dir/.lock` names the run that uses it.
 
-    save_dir/.lock      one line, "<host> <pid>": the host name and process id of the run's rank 0
+    save_dir/.lock   one line naming the process of the run's rank 0:
+                     "<host> <pid> started=<boot id>:<start time> [slurm=<job id>:<restart count>]"
+                     started: when that process started (the kernel's boot id and the process's
+                     start time in clock ticks since boot, /proc/<pid>/stat), which tells it apart
+                     from a later process given the same pid; slurm: under Slurm, the job and how
+                     many times it was requeued (SLURM_JOB_ID, SLURM_RESTART_COUNT)
+
+A lock of the older format, "<host> <pid>", is read too, and judged by host and pid alone.
 
 Rank 0 takes the lock at start, before the run writes or deletes anything in save_dir, and removes
 it when its process ends (atexit: a normal end, an error exit, preemption; before an MPI_Abort, which
-skips atexit, run.py calls release_locks). The file is created with
-O_CREAT | O_EXCL, which fails when it exists, so of two runs starting together exactly one gets it.
-A lock found in place is judged by its holder:
+skips atexit, run.py calls release_locks). The file is created with O_CREAT | O_EXCL, which fails
+when it exists, so of two runs starting together exactly one gets it; a lock whose line cannot be
+written (a full disk) is removed again before the one-line error. A lock found in place is judged:
 
-    a live process on this host         refused, naming the holder, unless it ends within
-                                        GRACE_SECONDS (mpirun may return before an aborted rank
-                                        has exited: a run requeued at once must not be refused)
-    a process on this host that ended   stale (the run was killed): taken over, said in one line
-    a process on another host           refused, naming the holder and how to remove the lock:
-                                        whether it still runs cannot be checked from here
+    on this host, by a live process that     refused, naming the holder, unless it ends within
+      started when the lock says             GRACE_SECONDS (mpirun may return before an aborted
+                                             rank has exited: a run requeued at once must not
+                                             be refused)
+    on this host, by a process that ended,   stale (the run was killed; its pid was given to
+      or whose pid is now another process's  another process, after a reboot or in a container):
+                                             taken over, said in one line
+    on another host, by this Slurm job       stale: the job was requeued after its node failed
+      before its latest restart              (SLURM_JOB_ID equal, SLURM_RESTART_COUNT higher
+                                             now): taken over, said in one line
+    on another host, any other               refused, naming the holder and how to remove the
+                                             lock: whether it still runs cannot be checked here
+    empty, for EMPTY_STALE_SECONDS           stale: a run ended between creating and writing it
+      (by its age, or by waiting that long)
+    anything else                            refused: not a lock zerompi wrote
 
-A stale lock is moved aside (rename, atomic) before it is removed, and what was moved is read
-again: if another run took the lock over in between, the lock moved is that run's, and it is put
-back. Under the lock, rank 0 removes the .partial-step_* folders a killed run left; nothing else
-in save_dir is ever removed but by rotation (zerompi/checkpoint/save.py).
+A stale lock is moved aside (rename, atomic) before it is removed, and the file moved is compared
+with the one judged (device and inode): if another run took the lock over in between, the lock
+moved is that run's, and it is put back. Under the lock, rank 0 removes the .partial-step_* folders
+a killed run left; nothing else in save_dir is ever removed but by rotation (zerompi/checkpoint/save.py).
 """
 import atexit
 import os
 import shutil
 import socket
 import time
+from dataclasses import dataclass
 
 from ..inputs import open_regular
 from .files import LOCK, PARTIAL, CheckpointError, step_of
@@ -32,26 +49,82 @@ from .files import LOCK, PARTIAL, CheckpointError, step_of
 
 ATTEMPTS = 3
 GRACE_SECONDS = 5.0          # how long a live holder on this host may take to end before a run is refused
+EMPTY_STALE_SECONDS = 5.0    # an empty lock this old is stale: its line would have been written at once
 MAX_PID = 1 << 22            # Linux's largest pid_max
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The process a lock names (the fields of its line)."""
+    host: str
+    pid: int
+    started: str | None = None         # "<boot id>:<start ticks>"; None in the old format or without /proc
+    slurm_job: str | None = None       # SLURM_JOB_ID of the run, None outside Slurm
+    slurm_restart: int = 0             # SLURM_RESTART_COUNT of the run
+
+    def line(self):
+        fields = [self.host, str(self.pid)] + ([f"started={self.started}"] if self.started else []) + \
+                 ([f"slurm={self.slurm_job}:{self.slurm_restart}"] if self.slurm_job else [])
+        return " ".join(fields) + "\n"
+
+    def describe(self):
+        slurm = f", Slurm job {self.slurm_job} restart {self.slurm_restart}" if self.slurm_job else ""
+        return f"{self.host} pid {self.pid}{slurm}"
+
+    @staticmethod
+    def parse(text):
+        """The Holder a lock's text names, or None when it is not a line zerompi wrote."""
+        parts = text.split()
+        if len(parts) < 2 or not _number(parts[1]) or not 0 < int(parts[1]) < MAX_PID:
+            return None
+        keys = dict(part.split("=", 1) for part in parts[2:] if "=" in part)
+        job, _, restart = keys.get("slurm", "").partition(":")
+        if len(parts) - 2 != len(keys) or (job and not (_number(job) and _number(restart))):
+            return None
+        return Holder(parts[0], int(parts[1]), keys.get("started"), job or None, int(restart) if job else 0)
+
+
+def _number(text):
+    return text.isascii() and text.isdigit()
+
+
+def process_start(pid):
+    """"<boot id>:<start ticks>" of process pid (the kernel's, /proc), or None where unknown."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        with open(f"/proc/{pid}/stat") as f:
+            return f"{boot}:{f.read().rsplit(')', 1)[1].split()[19]}"     # field 22: starttime
+    except (OSError, IndexError):
+        return None
+
+
+def this_process(environ=os.environ):
+    """The Holder this process writes into a lock it takes."""
+    job = environ.get("SLURM_JOB_ID", "")
+    restart = environ.get("SLURM_RESTART_COUNT", "0")
+    slurm = (job, int(restart) if _number(restart) else 0) if _number(job) else (None, 0)
+    return Holder(socket.gethostname(), os.getpid(), process_start(os.getpid()), *slurm)
 
 
 def take_lock(save_dir):
     """Take save_dir's lock for this process until it ends; returns a one-line note when a stale
     lock was taken over, else None. Raises CheckpointError (one line) when another run holds it."""
     path = os.path.join(save_dir, LOCK)
-    me = (socket.gethostname(), os.getpid())
+    me = this_process()
     note = None
     for _ in range(ATTEMPTS):
         if _create(path, me):
             atexit.register(_release, path, me)
             _held.append((path, me))
             return note
-        holder = _holder(path, save_dir)
-        if holder is None:                              # removed meanwhile: try again
+        found = _found(path, save_dir)
+        if found is None:                               # removed meanwhile: try again
             continue
-        _refuse_unless_stale(path, save_dir, holder)
-        if _set_aside(path, holder, save_dir):
-            note = f"{path}: took over the stale lock of {holder[0]} pid {holder[1]}, a process that has ended"
+        holder, identity = found
+        why = _why_stale(path, save_dir, holder, me)    # raises when it is not stale
+        if _set_aside(path, identity):
+            note = f"{path}: took over the stale lock of {why}"
     raise CheckpointError(f"{path}: could not be taken in {ATTEMPTS} attempts: other runs are starting in {save_dir}")
 
 
@@ -65,22 +138,29 @@ def remove_stale_partials(save_dir):
 
 
 def _create(path, me):
-    """Create the lock holding `me`; False if it exists."""
+    """Create the lock holding `me`'s line; False if it exists. A line that cannot be written
+    (ENOSPC, EDQUOT, EIO) leaves no lock behind."""
     try:
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # less the umask
     except FileExistsError:
         return False
     except OSError as e:
         raise CheckpointError(f"{path}: cannot be created: {e.strerror or e}") from None
-    with os.fdopen(handle, "w") as f:
-        f.write(f"{me[0]} {me[1]}\n")
+    try:
+        with os.fdopen(handle, "w") as f:
+            f.write(me.line())
+    except OSError as e:                                 # at the write or at the close's flush
+        os.unlink(path)
+        raise CheckpointError(f"{path}: cannot be written: {e.strerror or e}") from None
     return True
 
 
-def _holder(path, save_dir):
-    """(host, pid) the lock names; None when it no longer exists."""
+def _found(path, save_dir):
+    """(Holder, or None for an empty lock; the file's (device, inode)) of the lock in place; None
+    when it no longer exists. Raises CheckpointError for a lock zerompi did not write."""
     try:
         with open_regular(path, CheckpointError, "r") as f:
+            identity = _identity(os.fstat(f.fileno()))
             text = f.read(512)
     except CheckpointError:
         if not os.path.lexists(path):
@@ -88,24 +168,64 @@ def _holder(path, save_dir):
         raise
     except UnicodeDecodeError:
         text = "(not text)"
-    parts = text.split()
-    if len(parts) != 2 or not (parts[1].isascii() and parts[1].isdigit()) or not 0 < int(parts[1]) < MAX_PID:
-        raise CheckpointError(f"{path}: not a lock zerompi wrote ({text.strip()[:60]!r}), or one being written "
-                              f"this instant; if no run uses {save_dir}, remove {path}")
-    return parts[0], int(parts[1])
+    if not text.strip():
+        return None, identity
+    holder = Holder.parse(text)
+    if holder is None:
+        raise CheckpointError(f"{path}: not a lock zerompi wrote ({text.strip()[:60]!r}); if no run uses "
+                              f"{save_dir}, remove {path}")
+    return holder, identity
 
 
-def _refuse_unless_stale(path, save_dir, holder):
-    host, pid = holder
-    if host != socket.gethostname():
-        raise CheckpointError(f"{path}: {save_dir} is locked by a run on host {host} (pid {pid}), which cannot "
+def _identity(status):
+    return status.st_dev, status.st_ino, status.st_mtime
+
+
+def _why_stale(path, save_dir, holder, me):
+    """Why the lock that names holder (None: an empty lock) is stale, as the note's end; raises
+    CheckpointError when it is not."""
+    if holder is None:
+        return _empty_is_stale(path, save_dir)
+    if holder.host != me.host:
+        if holder.slurm_job is not None and holder.slurm_job == me.slurm_job and \
+                me.slurm_restart > holder.slurm_restart:
+            return (f"{holder.describe()}: written by this Slurm job before its restart {me.slurm_restart} "
+                    f"(its node failed or was taken away)")
+        raise CheckpointError(f"{path}: {save_dir} is locked by a run on host {holder.host} (pid {holder.pid}"
+                              f"{', Slurm job ' + holder.slurm_job if holder.slurm_job else ''}), which cannot "
                               f"be checked from here; if no run uses {save_dir} any more, remove {path}")
     deadline = time.monotonic() + GRACE_SECONDS      # a holder just ending (mpirun returned, its rank not yet)
-    while pid != os.getpid() and _running(pid) and time.monotonic() < deadline:
+    while _is_holder(holder, me) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if pid != os.getpid() and _running(pid):
-        raise CheckpointError(f"{path}: {save_dir} is in use by another run (held by {host}, pid {pid}); wait "
-                              f"for it to end or use another --save-dir")
+    if _is_holder(holder, me):
+        raise CheckpointError(f"{path}: {save_dir} is in use by another run (held by {holder.host}, pid "
+                              f"{holder.pid}); wait for it to end or use another --save-dir")
+    if holder.pid != me.pid and _running(holder.pid):
+        return f"{holder.describe()}: that pid is now another process's, started after the lock was written"
+    return f"{holder.describe()}, a process that has ended"
+
+
+def _empty_is_stale(path, save_dir):
+    """An empty lock is stale once EMPTY_STALE_SECONDS old by its time stamp, or once it stayed
+    empty that long while this process waited (a clock of another machine may say otherwise)."""
+    try:
+        age = time.time() - os.stat(path).st_mtime
+    except FileNotFoundError:
+        return "an empty lock, removed meanwhile"
+    if age < EMPTY_STALE_SECONDS:
+        time.sleep(EMPTY_STALE_SECONDS)
+        found = _found(path, save_dir)                  # written meanwhile: that run's lock
+        if found is not None and found[0] is not None:
+            return _why_stale(path, save_dir, found[0], this_process())
+    return f"an empty lock (no run wrote its line in {EMPTY_STALE_SECONDS:g} s: it ended while creating it)"
+
+
+def _is_holder(holder, me):
+    """Whether the process that wrote the lock runs (not this process: a lock of its own pid is
+    an earlier process's); with a start time recorded, that pid's process must have started then."""
+    if holder.pid == me.pid or not _running(holder.pid):
+        return False
+    return holder.started is None or process_start(holder.pid) in (None, holder.started)
 
 
 def _running(pid):
@@ -123,18 +243,14 @@ def _running(pid):
         return True
 
 
-def _set_aside(path, holder, save_dir):
-    """Remove the stale lock; False when another run moved it first."""
+def _set_aside(path, identity):
+    """Remove the stale lock, the file judged (identity); False when it is no longer in place."""
     aside = f"{path}.stale-{os.getpid()}"
     try:
         os.rename(path, aside)
     except FileNotFoundError:
         return False
-    try:
-        moved = _holder(aside, save_dir)
-    except CheckpointError:                         # a lock being written this instant: another run's
-        moved = None
-    if moved != holder:                             # a run took it over in between: its lock, put back
+    if _identity(os.lstat(aside)) != identity:      # a run took it over in between: its lock, put back
         try:
             os.link(aside, path)
         except FileExistsError:
@@ -145,7 +261,7 @@ def _set_aside(path, holder, save_dir):
     return True
 
 
-_held = []                   # (path, (host, pid)) of the locks this process took
+_held = []                   # (path, Holder) of the locks this process took
 
 
 def release_locks():
@@ -156,11 +272,11 @@ def release_locks():
 
 def _release(path, me):
     """At exit: remove the lock if it is still this process's."""
-    if os.getpid() != me[1]:
+    if os.getpid() != me.pid:
         return
     try:
         with open_regular(path, CheckpointError, "r") as f:
-            if f.read(512).split() == [me[0], str(me[1])]:
+            if f.read(512) == me.line():
                 os.unlink(path)
     except (OSError, CheckpointError, UnicodeDecodeError):
         pass
