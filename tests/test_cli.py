@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 TIMEOUT = 120           # seconds allowed for one mpirun launch before it is killed
-ERROR_FAST = 30         # a bad-input run must fail well within TIMEOUT
+ERROR_FAST = 60         # a bad-input run ends well within this (1-3 s on a quiet machine), not at TIMEOUT
 ERROR_MARK = "zerompi: error:"
 
 
