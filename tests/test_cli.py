@@ -63,7 +63,13 @@ def launch(n, *flags, cwd, timeout=TIMEOUT, program=("-m", "zerompi.train"), env
     """Run `mpirun -n n python -m zerompi.train *flags` (or another python program) in cwd, in
     the environment env (None: this one), preexec_fn run in the child first (e.g. a ulimit);
     returns a Run (never hangs)."""
-    args = [_mpirun(), "-n", str(n), sys.executable, *program, *map(str, flags)]
+    return run_command([_mpirun(), "-n", str(n), sys.executable, *program, *map(str, flags)], cwd=cwd,
+                       timeout=timeout, env=env, preexec_fn=preexec_fn)
+
+
+def run_command(args, cwd, timeout=TIMEOUT, env=None, preexec_fn=None):
+    """Run args (an mpirun command line) in cwd, in its own session; returns a Run, or fails the
+    test when it runs past timeout (killed with its whole process group: it never hangs)."""
     start = time.perf_counter()
     process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env,

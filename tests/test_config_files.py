@@ -11,7 +11,7 @@ import pytest
 
 from test_cli import train_ok, load_weights
 from zerompi.train.batch_rule import resolve_batch
-from zerompi.train.config import TrainConfig, device_choice, parse_args
+from zerompi.train.config import TrainConfig, choices_before_mpi, parse_args
 from zerompi.train.errors import ArgumentError
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -133,7 +133,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path, no_hang, flag, name):
     fifo = tmp_path / name
     os.mkfifo(fifo)
     assert error_of([flag, str(fifo)]) == f"cannot read config file {fifo}: is a FIFO (named pipe), not a regular file"
-    assert device_choice(["--config", str(fifo)]) == TrainConfig.device     # the peek before MPI starts
+    assert choices_before_mpi(["--config", str(fifo)]).device == TrainConfig.device   # the peek before MPI starts
 
 
 @pytest.mark.parametrize("name, text", [("deep.json", "[" * 100_000 + "]" * 100_000),

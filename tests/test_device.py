@@ -212,16 +212,24 @@ def test_this_machines_mpi_is_not_cuda_aware_by_every_question():
     assert verdict == "(False, 'MPIX_Query_cuda_support()=0')"
 
 
-def test_device_choice_reads_the_command_line_then_the_toml_config(tmp_path):
-    from zerompi.train.config import device_choice
+def test_the_device_and_the_watchdog_come_from_the_command_line_then_the_toml_config(tmp_path):
+    """What is read before MPI starts (zerompi/train/config.py, choices_before_mpi)."""
+    from zerompi.train.config import choices_before_mpi
+    def early(*argv):
+        choices = choices_before_mpi(list(argv))
+        return choices.device, choices.collective_timeout
     toml = tmp_path / "run.toml"
-    toml.write_text('device = "cpu"\nstage = 2\n')
-    assert device_choice([]) == "auto"
-    assert device_choice(["--device", "gpu"]) == "gpu"
-    assert device_choice(["--config", str(toml)]) == "cpu"
-    assert device_choice(["--config", str(toml), "--device", "gpu"]) == "gpu"      # the command line wins
-    assert device_choice(["--device"]) == "auto"                                    # reported later
-    assert device_choice(["--config", str(tmp_path / "missing.toml")]) == "auto"    # reported later
+    toml.write_text('device = "cpu"\nstage = 2\ncollective-timeout = 7.5\n')
+    assert early() == ("auto", 600.0)
+    assert early("--device", "gpu", "--collective-timeout", "3") == ("gpu", 3.0)
+    assert early("--config", str(toml)) == ("cpu", 7.5)
+    assert early("--config", str(toml), "--device", "gpu") == ("gpu", 7.5)      # the command line wins
+    assert early("--config", str(toml), "--collective-timeout", "0") == ("cpu", 0.0)
+    assert early("--device") == ("auto", 600.0)                                 # reported later
+    assert early("--collective-timeout", "-1") == ("auto", 600.0)               # reported later
+    assert early("--collective-timeout", "nan") == ("auto", 600.0)
+    assert early("--config", str(tmp_path / "missing.toml")) == ("auto", 600.0)    # reported later
+    assert early("--device", "cpu", "--config", str(tmp_path / "missing.toml")) == ("cpu", 600.0)
 
 
 def test_a_gpu_offers_its_free_memory_shared_by_the_ranks_that_use_it():

@@ -152,6 +152,40 @@ def test_a_signal_during_start_up_ends_the_run_at_once(name, tmp_path):
     assert not os.path.exists(tmp_path / "ck")
 
 
+def test_a_rank_stuck_reading_its_config_is_caught_by_the_collective_timeout(tmp_path):
+    """The first collectives, before the run's config was read, were not watched: the other ranks
+    waited there for good, whatever --collective-timeout said."""
+    run = with_fault(2, "parse-stall", "1", 0, "--collective-timeout", 2, cwd=tmp_path, timeout=SIGNAL_FAST)
+    assert run.returncode == 6, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and "rank 0 waited" in lines[0] and "allreduce_min (control" in lines[0], run.describe()
+    time.sleep(0.5)                                 # the launcher's clean-up of the stalled rank
+    assert processes_in(tmp_path) == []
+
+
+def test_a_rank_stopped_before_the_node_map_is_caught_by_the_collective_timeout(tmp_path):
+    """MPI's first collective after it starts (zerompi/nodes.py: which node each rank is on)."""
+    run = with_fault(2, "nodemap-stop", "1", 0, "--collective-timeout", 2, cwd=tmp_path, timeout=SIGNAL_FAST)
+    assert run.returncode == 6, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and "rank 0 waited" in lines[0] and "split_type (control" in lines[0], run.describe()
+    time.sleep(0.5)
+    assert processes_in(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, to", [("TERM", "self"), ("TERM", "mpirun"), ("INT", "mpirun")])
+def test_a_signal_while_a_stopped_peer_keeps_the_start_up_waiting_ends_the_run_at_once(name, to, tmp_path):
+    """Rank 1 stopped; rank 0 waits in the first collective (the watchdog at its default 600 s), and is
+    signalled: the signal used to wait in the collective for as long as rank 1 was away."""
+    run = with_fault(2, f"parse-stop:{name}:{to}", "1", 0, "--save-dir", "ck", cwd=tmp_path, timeout=SIGNAL_FAST)
+    assert run.returncode == 130, run.describe()
+    lines = error_lines(run)
+    assert lines == [f"zerompi: error: rank 0: SIG{name} during start-up: ending the run"], run.describe()
+    assert "Traceback" not in run.output, run.describe()
+    time.sleep(0.5)
+    assert processes_in(tmp_path) == []
+
+
 def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_4(tmp_path):
     """Ctrl-C in a terminal: mpirun (hydra) forwards one SIGINT to every rank; like SIGTERM."""
     run = with_fault(2, "signal:INT:mpirun", "0", 3, "--save-dir", "ck", cwd=tmp_path)
@@ -301,7 +335,7 @@ def test_sigusr1_after_training_is_a_warning_and_the_finish_goes_on(capfd):
     from zerompi.train.signals import Interrupted, Signals
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     try:
-        signals = Signals(0)
+        signals = Signals(0, end_now=None)              # every signal here is handled in this thread
         signals.leave_loop()
         os.kill(os.getpid(), signal.SIGUSR1)                 # handled here: a warning, no exception
         assert "SIGUSR1 after training: the run is finishing; it goes on" in capfd.readouterr().err
@@ -310,3 +344,4 @@ def test_sigusr1_after_training_is_a_warning_and_the_finish_goes_on(capfd):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        signal.set_wakeup_fd(-1)

@@ -56,7 +56,7 @@ from .control import ControlMessages                # noqa: E402
 from .devices.cpu import CPU                        # noqa: E402
 from .devices.mpi_cuda import cuda_aware            # noqa: E402
 from .devices.staging import DeviceTransport        # noqa: E402
-from .ledger import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommLedger   # noqa: E402
+from .ledger import ALLGATHER, ALLREDUCE, CONTROL, REDUCE_SCATTER, CommLedger   # noqa: E402
 from .nodes import node_of_rank, sends_across_nodes  # noqa: E402
 from .observe.guards import Guards                  # noqa: E402
 from .precision import is_16bit                     # noqa: E402
@@ -68,6 +68,14 @@ def init_mpi():
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
+
+
+def abort_job(exit_code):
+    """End every rank of the job with exit_code (MPI_Abort), from any thread; before MPI has
+    started (or after it ended), this process alone."""
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.COMM_WORLD.Abort(exit_code)
+    os._exit(exit_code)
 
 
 class MpiTransport:
@@ -114,19 +122,24 @@ class ReductionStaging:
 
 
 class Communicator(ControlMessages):
-    def __init__(self, mpi_comm=None, device=None, mpi_reads_device_memory=None):
+    def __init__(self, mpi_comm=None, device=None, mpi_reads_device_memory=None, collective_timeout=0.0):
         """device: where the training buffers live (zerompi/devices/device.py; the CPU by default).
-        mpi_reads_device_memory: whether MPI is CUDA-aware; None asks the library (zerompi/devices/mpi_cuda.py)."""
+        mpi_reads_device_memory: whether MPI is CUDA-aware; None asks the library (zerompi/devices/mpi_cuda.py).
+        collective_timeout: the watchdog's limit from the first collective on, this one's node map
+        (0: off until `guard`)."""
         init_mpi()
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
+        self.guards = Guards(self.mpi, self.rank, self.size)   # see guard
+        self.guards.turn_on(collective_timeout=collective_timeout)
+        self.guards.begin("split_type", CONTROL, None)
         self.node_of_rank = node_of_rank(self.mpi)       # collective: the node of each rank
+        self.guards.end()
         self.across_nodes = sends_across_nodes(self.node_of_rank, self.rank)   # for the ledger
         self.ledger = CommLedger()
         self.device = device if device is not None else CPU()
         self.staging = ReductionStaging()                 # see reserve_staging
-        self.guards = Guards(self.mpi, self.rank, self.size)   # off; see guard
         self.transport = MpiTransport(self.mpi)
         self.cuda_aware = False
         if self.device.is_gpu:
@@ -206,7 +219,7 @@ class Communicator(ControlMessages):
         self.transport.reserve_host_staging(memory, max_bytes)
 
     def guard(self, check_collectives=False, collective_timeout=0.0):
-        """Turn on --check-collectives and/or the --collective-timeout watchdog (0: off)."""
+        """Turn on --check-collectives, and set the --collective-timeout watchdog's limit (0: off)."""
         self.guards.turn_on(check_collectives, collective_timeout)
 
     @property
@@ -224,7 +237,9 @@ class Communicator(ControlMessages):
         collectives must never interleave with this thread's on one communicator. The pinned host
         staging and the guards are its own: both threads may be in a collective at the same moment."""
         twin = copy.copy(self)
+        self.guards.begin("dup", CONTROL, None)
         twin.mpi = self.mpi.Dup()
+        self.guards.end()
         twin.transport = self.transport.duplicate(twin.mpi)
         twin.guards = self.guards.duplicate(twin.mpi)
         return twin
@@ -235,7 +250,9 @@ class Communicator(ControlMessages):
         turned on alike (naming ranks as the job does, Guards.split): the shard groups and replica
         groups of zerompi/hierarchy/. color_of is a function of the rank, so that a plan
         (zerompi/plan/) can tell every rank's group without MPI. Collective."""
+        self.guards.begin("split", CONTROL, None)         # the split, and the new one's node map
         sub = Communicator(self.mpi.Split(color_of(self.rank), self.rank), self.device, self.cuda_aware)
+        self.guards.end()
         sub.ledger = self.ledger
         sub.guards = self.guards.split(sub.mpi)
         return sub

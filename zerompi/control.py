@@ -9,6 +9,7 @@ None of this is training traffic, so none of it is ledgered; the guards (--check
                                   such rank prints it and every rank exits with the same status
     first_failing_rank(error)     the lowest rank with an error, or None (one MIN all-reduce)
     any_failed(error)             True on every rank when any rank has an error
+    max_all(values)               the elementwise maximum over ranks of small int64 arrays
     print0(...)                   print on rank 0 only
     gather_to_root(send, recv)    rank 0 receives every rank's equal-sized array
     gather_bytes_to_root(data)    rank 0 receives every rank's bytes, of any length
@@ -47,6 +48,12 @@ class ControlMessages:
     def any_failed(self, error):
         """Collective: True on every rank when any rank's error is not None."""
         return self.first_failing_rank(error) is not None
+
+    def max_all(self, values):
+        """Collective: values (n,) int64 <- the elementwise maximum over every rank's values, in place."""
+        self.guards.begin("allreduce_max", CONTROL, values)
+        self.mpi.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+        self.guards.end()
 
     def print0(self, *args, file=None, **kwargs):
         """Print on rank 0 only (the one print helper)."""

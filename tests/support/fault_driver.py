@@ -19,6 +19,13 @@ RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on tho
                 terminal does)                                      (a signal during training)
     startup-signal:SIG:TO  while loading the data (STEP is not used), the chosen ranks send SIG
                 to TO, and every rank waits there for good          (a start-up blocked on an input)
+    parse-stall  while reading the command line and config file (STEP is not used), the chosen
+                ranks wait for good, answering signals; the others go on into the first
+                collective                                         (a config file on a slow disk)
+    parse-stop:SIG:TO  the chosen ranks stop (SIGSTOP) while reading the command line; each other
+                rank, a second after its own, sends SIG to TO (self or mpirun) while it waits in
+                the first collective                               (a signal while a peer is away)
+    nodemap-stop  the chosen ranks stop just before the node map, MPI's first collective
 
 The training itself is the real one (zerompi.train.run.main, real MPI); the driver only wraps the
 step function, so every detection and report under test is zerompi's own.
@@ -26,11 +33,13 @@ step function, so every detection and report under test is zerompi's own.
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+import zerompi.comm
 import zerompi.train.run
 
 fault, ranks, fault_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -38,6 +47,8 @@ rank = MPI.COMM_WORLD.Get_rank()
 faulty = ranks == "all" or str(rank) in ranks.split(",")
 real_train_step = zerompi.train.run.train_step
 real_load_data = zerompi.train.run.load_data
+real_parse_args = zerompi.train.run.parse_args
+real_node_of_rank = zerompi.comm.node_of_rank
 steps_done = 0
 
 
@@ -60,6 +71,24 @@ def load_data_blocked_by_a_signal(cfg, *args):
         send_signals(*fault.split(":")[1:])
     while True:                                   # a read that never returns; a signal interrupts it
         time.sleep(0.05)
+
+
+def parse_args_stalled_or_stopped(*args):
+    if faulty and fault == "parse-stall":
+        while True:                               # a read that never returns; a signal interrupts it
+            time.sleep(0.05)
+    if faulty and fault.startswith("parse-stop"):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    parsed = real_parse_args(*args)
+    if not faulty and fault.startswith("parse-stop:"):
+        threading.Timer(1.0, send_signals, fault.split(":")[1:]).start()
+    return parsed
+
+
+def node_of_rank_stopped(mpi_comm):
+    if faulty and fault == "nodemap-stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return real_node_of_rank(mpi_comm)
 
 
 def faulty_train_step(engine, micro_batches, *args):
@@ -103,4 +132,6 @@ def faulty_train_step(engine, micro_batches, *args):
 
 zerompi.train.run.train_step = faulty_train_step
 zerompi.train.run.load_data = load_data_blocked_by_a_signal
+zerompi.train.run.parse_args = parse_args_stalled_or_stopped
+zerompi.comm.node_of_rank = node_of_rank_stopped
 sys.exit(zerompi.train.run.main(sys.argv[4:]))

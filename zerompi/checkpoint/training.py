@@ -31,7 +31,8 @@ from .save import save_checkpoint
 def start_from(engine, cfg, scaler):
     """Collective. Lock --save-dir, set the starting weights; returns (first step, notes for the
     log or None, lineage: {"parent": the resumed checkpoint's folder name when it lies in --save-dir,
-    "restarts": how many times this training was restarted from a checkpoint, this run included}).
+    "restarts": how many times this training was restarted from a checkpoint, this run included},
+    the folder of the checkpoint resumed or None).
     A fresh run (also --init-weights, or --resume with no checkpoint yet) has 0 restarts; a resumed
     one the checkpoint's count + 1, a checkpoint written before the count was kept counting as 0."""
     comm = engine.comm
@@ -69,7 +70,7 @@ def start_from(engine, cfg, scaler):
     lineage = {"parent": os.path.basename(os.path.abspath(folder)) if in_save_dir else None,
                "restarts": 0 if state is None else state["restarts"] + 1}
     if state is None:
-        return 0, _lines(notes), lineage
+        return 0, _lines(notes), lineage, None
     if scaler.enabled and state["dtype"] == "float16":      # another dtype's scale (1.0) means nothing here
         scaler.scale = state["loss_scale"]
         scaler.good_steps = min(state["loss_scale_good_steps"], scaler.growth_interval - 1)
@@ -79,7 +80,7 @@ def start_from(engine, cfg, scaler):
     if changed:
         resumed += (f"; note: {', '.join(changed)} since the checkpoint: the run continues from there, but "
                     f"not as the uninterrupted run would have")
-    return state["step"], _lines(notes + [state["note"], resumed]), lineage
+    return state["step"], _lines(notes + [state["note"], resumed]), lineage, folder
 
 
 def _lines(notes):

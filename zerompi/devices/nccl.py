@@ -26,14 +26,17 @@ not done here).
 import numpy as np
 
 from ..comm import Communicator
+from ..ledger import CONTROL
 from .staging import DeviceTransport
 
 
 class NcclCommunicator(Communicator):
-    def __init__(self, mpi_comm=None, device=None):
-        super().__init__(mpi_comm, device, mpi_reads_device_memory=True)   # NCCL: never staged
+    def __init__(self, mpi_comm=None, device=None, collective_timeout=0.0):
+        super().__init__(mpi_comm, device, True, collective_timeout)     # NCCL: never staged
+        self.guards.begin("bcast", CONTROL, None)          # the bootstrap: rank 0's unique id
         self.transport = NcclTransport(self.transport.mpi_transport, self.device, self.rank, self.size,
                                        self.staging)
+        self.guards.end()
 
 
 class NcclTransport(DeviceTransport):

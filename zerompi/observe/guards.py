@@ -37,10 +37,13 @@ class Guards:
         self.watchdog = None          # a CollectiveWatchdog with --collective-timeout
 
     def turn_on(self, check_collectives=False, collective_timeout=0.0):
-        """Turn on --check-collectives and/or the --collective-timeout watchdog (0: off)."""
-        if check_collectives:
+        """Turn on --check-collectives; set the --collective-timeout watchdog's limit (0: off; a
+        watchdog already started keeps its thread, idle)."""
+        if check_collectives and self.check is None:
             self.check = CollectiveCheck(self.rank, self.size)
-        if collective_timeout > 0:
+        if self.watchdog is not None:
+            self.watchdog.limit = collective_timeout
+        elif collective_timeout > 0:
             self.watchdog = CollectiveWatchdog(collective_timeout, self.job_ranks[self.rank], self.abort)
 
     def duplicate(self, mpi):
@@ -61,7 +64,7 @@ class Guards:
 
     def _twin(self, mpi, job_ranks):
         twin = Guards(mpi, mpi.Get_rank(), mpi.Get_size(), job_ranks, self.abort)
-        twin.turn_on(self.check is not None, self.watchdog.limit if self.watchdog is not None else 0)
+        twin.turn_on(self.check is not None, self.watchdog.limit if self.watchdog is not None else 0.0)
         return twin
 
     def begin(self, kind, purpose, buffer):

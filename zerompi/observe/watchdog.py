@@ -13,6 +13,10 @@ forever: MPI collectives have no timeout. The watchdog gives them one.
         every `poll` seconds: if a collective entered more than `limit` seconds ago has not left,
         print which one and which rank waited, and MPI_Abort the job (exit status ExitCode.COLLECTIVE_TIMEOUT)
 
+The world's watchdog starts with the Communicator, at the limit read before MPI starts
+(zerompi/train/config.py, choices_before_mpi), so that MPI's first collective is watched too; the
+limit may change later (Guards.turn_on: 0 leaves the thread idle).
+
 mpi4py releases the GIL inside MPI calls, so the thread runs while the main thread waits; mpi4py
 initializes MPI with MPI_THREAD_MULTIPLE, so the thread may call MPI_Abort.
 
@@ -72,13 +76,17 @@ def await_announced_abort():
 
 class CollectiveWatchdog:
     def __init__(self, limit, rank, abort):
-        self.limit = limit               # seconds a collective may wait
+        self.limit = limit               # seconds a collective may wait (0: none is watched); may change
         self.rank = rank
         self.abort = abort               # abort(exit_code): ends every rank of the job
         self.kind = self.purpose = self.buffer = None   # the collective in progress (for the message)
         self.since = None                # time.monotonic() when it was entered; None: not in one
-        self.poll = min(1.0, max(0.01, limit / 4))   # never a busy loop, whatever the limit
         threading.Thread(target=self._watch, name="zerompi-watchdog", daemon=True).start()
+
+    @property
+    def poll(self):
+        """Seconds between two looks: never a busy loop, whatever the limit."""
+        return min(1.0, max(0.01, self.limit / 4))
 
     def enter(self, kind, purpose, buffer):
         self.kind, self.purpose, self.buffer = kind, purpose, buffer
@@ -88,18 +96,18 @@ class CollectiveWatchdog:
         self.since = None
 
     def _watch(self):
-        patience = self.limit + stagger(self.rank)
         while True:
-            since = self.since
+            limit, since, poll = self.limit, self.since, self.poll
+            patience = limit + stagger(self.rank)
             waited = 0.0 if since is None else time.monotonic() - since
-            if waited < patience:
-                time.sleep(min(self.poll, patience - waited))
+            if limit <= 0 or waited < patience:
+                time.sleep(poll if limit <= 0 else min(poll, patience - waited))
                 continue
             buffer = self.buffer
             size = "" if buffer is None else f", {buffer.size:,} {buffer.dtype} elements"
             report_then_abort(f"zerompi: error: rank {self.rank} waited {waited:.1f} s in {self.kind} "
                               f"({self.purpose}{size}) for ranks that never joined it (limit: --collective-timeout "
-                              f"{self.limit:g}): a rank is stopped, dead, or in another collective "
+                              f"{limit:g}): a rank is stopped, dead, or in another collective "
                               f"(--check-collectives finds that); ending the job", self.abort,
                               ExitCode.COLLECTIVE_TIMEOUT)
             return

@@ -276,21 +276,32 @@ def answer_without_mpi(argv, environ):
     raise SystemExit(ExitCode.OK)
 
 
-def device_choice(argv):
-    """--device from the command line, or from the TOML file --config names, read before MPI
-    starts (zerompi/devices/choice.py says why); any problem reads as the default, and the full parse
-    reports it later."""
+def choices_before_mpi(argv):
+    """--device and --collective-timeout from the command line, or from the TOML file --config
+    names, read before MPI starts: the GPU is chosen before MPI_Init (zerompi/devices/choice.py says
+    why), and the watchdog guards the collectives from the first one. A value that does not parse,
+    or a file that does not read, counts as the default: the full parse reports it later."""
     peek = _Parser(rank=None, add_help=False)
     peek.add_argument("--device")
+    peek.add_argument("--collective-timeout", type=float)
     peek.add_argument("--config", default="")
+    empty = argparse.Namespace(device=None, collective_timeout=None, config="")
     try:
         args = peek.parse_known_args(argv)[0]
-        if args.device is None and args.config and not args.config.endswith(".json"):
-            toml = flags_from_file(args.config, False, _file_keys(), None)
-            args = peek.parse_known_args(toml)[0]
-    except (ArgumentError, ConfigFileError):
-        return TrainConfig.device
-    return args.device or TrainConfig.device
+    except ArgumentError:
+        args = empty
+    if None in (args.device, args.collective_timeout) and args.config and not args.config.endswith(".json"):
+        try:
+            toml = peek.parse_known_args(flags_from_file(args.config, False, _file_keys(), None))[0]
+        except (ArgumentError, ConfigFileError):
+            toml = empty
+        args.device = args.device or toml.device
+        args.collective_timeout = args.collective_timeout if args.collective_timeout is not None \
+            else toml.collective_timeout
+    timeout = args.collective_timeout
+    valid = timeout is not None and math.isfinite(timeout) and timeout >= 0
+    return argparse.Namespace(device=args.device or TrainConfig.device,
+                              collective_timeout=timeout if valid else TrainConfig.collective_timeout)
 
 
 def _file_keys():

@@ -20,4 +20,5 @@ ENVIRONMENT = (
     ((CUDA_AWARE_OVERRIDE,), "1 or 0: whether MPI reads GPU memory (default: asked)"),
     ((SLURM_JOB, SLURM_PTY), "a Slurm job (lines), or srun --pty (live): --progress auto"),
     ((SLURM_RESTARTS,), "Slurm's requeue count, written into --metrics and TensorBoard"),
+    ((SLURM_JOB, SLURM_RESTARTS), "recorded in --save-dir's lock: a requeued job takes its own over"),
 )

@@ -46,7 +46,7 @@ from ..adam import AdamConfig
 from ..checkpoint.lock import release_locks
 from ..checkpoint.training import check_save_dir, save_training_checkpoint, start_from
 from ..checkpoint.weights import check_writable, save_weights
-from ..comm import Communicator
+from ..comm import Communicator, abort_job
 from ..devices.choice import check_device, select_device
 from ..devices.cpu import blas_threads
 from ..devices.nccl import NcclCommunicator
@@ -59,8 +59,9 @@ from ..observe.watchdog import await_announced_abort, report_then_abort, stagger
 from ..plan.preflight import preflight_error
 from ..precision import Precision, precision_for
 from ..step import count_correct, train_step
+from .agreement import agree, data_fields, run_fields, start_fields
 from .batches import MicroBatches
-from .config import TrainConfig, check_config, device_choice, parse_args
+from .config import TrainConfig, check_config, choices_before_mpi, parse_args
 from .data import Dataset, load_data
 from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
 from .errors import ArgumentError
@@ -115,6 +116,7 @@ def setup(cfg, comm, out):
     ranks_on_node = comm.ranks_on_this_node()                # they share the node's memory
     data, error = load_data(cfg, ranks_on_node)
     comm.check_all(error)
+    agree(comm, data_fields(data), out)                      # the same data on every rank (agreement.py)
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
     precision = precision_for(cfg.dtype)
     M = cfg.grad_accum
@@ -132,7 +134,8 @@ def setup(cfg, comm, out):
     comm.check_all(tensorboard_missing() if cfg.tensorboard and comm.rank == 0 else None)
     scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
                         cfg.min_loss_scale)
-    first_step, note, lineage = start_from(engine, cfg, scaler)
+    first_step, note, lineage, resumed = start_from(engine, cfg, scaler)
+    agree(comm, start_fields(cfg, resumed), out)             # one --save-dir, one checkpoint or weights file
     comm.check_all(f"the checkpoint is at step {first_step}, past --steps {cfg.steps}: pass a larger --steps"
                    if first_step > cfg.steps else None)
     comm.check_all(check_save_dir(cfg) if cfg.save_dir and comm.rank == 0 else None)
@@ -318,17 +321,27 @@ def start_trace(cfg, comm, engine):
     return tracer
 
 
+def end_at_once(rank, what):
+    """A signal ended the run at once (zerompi/train/signals.py): the lock released, one line from
+    the lowest signalled rank, every rank ended. From the main thread, or from the signal watcher
+    while the main thread waits in MPI."""
+    release_locks()                        # MPI_Abort skips atexit, which would release --save-dir's lock
+    time.sleep(stagger(rank))              # every rank signalled at once: the lowest one reports
+    report_then_abort(f"zerompi: error: rank {rank}: {what}", abort_job, ExitCode.INTERRUPTED)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    signals = Signals(launcher_rank(os.environ))   # from here a signal ends the run with one line (signals.py)
+    rank = launcher_rank(os.environ)       # MPI's rank, once it starts (launch.py checks the two agree)
+    signals = Signals(rank, lambda what: end_at_once(rank, what))   # from here a signal ends the run with one line
     try:
-        # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py.
-        device, device_error = select_device(device_choice(argv), os.environ)
-        comm = Communicator(device=device)
-    except Interrupted as e:                   # reading --config: no MPI yet, each signalled rank says so
-        signals.stand_down()
-        print(f"zerompi: error: rank {signals.rank}: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(ExitCode.INTERRUPTED)
+        # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py;
+        # the watchdog guards the collectives from the first one, which the Communicator makes.
+        early = choices_before_mpi(argv)
+        device, device_error = select_device(early.device, os.environ)
+        comm = Communicator(device=device, collective_timeout=early.collective_timeout)
+    except Interrupted as e:                   # reading --config, or MPI starting
+        end_at_once(rank, e)
     try:
         mismatch = launch_mismatch(comm.size, os.environ)
         if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
@@ -340,27 +353,27 @@ def main(argv=None):
         except ArgumentError as e:
             cfg, error = None, f"{e} (see --help)"
         comm.check_all(error)
+        # progress goes to stderr when stdout must hold nothing but the JSON report
+        out = sys.stderr if cfg.report == "json" else sys.stdout
+        agree(comm, run_fields(cfg, device), out)         # every rank runs the same training (agreement.py)
         comm.check_all(check_config(cfg, comm.size))
         comm.check_all(grouping_error(cfg, comm.size))
         comm.check_all(loss_scale_error(precision_for(cfg.dtype).storage == np.float16, cfg.loss_scale,
                                         cfg.min_loss_scale))
         ranks_on_node = comm.ranks_on_this_node()
         comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm, ranks_on_node))
-        if cfg.comm == "nccl":
-            comm = NcclCommunicator(comm.mpi, device)      # the same ranks, training traffic on NCCL
+        if cfg.comm == "nccl":                  # the same ranks, training traffic on NCCL, its own watchdog
+            comm.guard(collective_timeout=0.0)
+            comm = NcclCommunicator(comm.mpi, device, cfg.collective_timeout)
         comm.check_all(threads_variable_error(os.environ))
         comm.guard(cfg.check_collectives, cfg.collective_timeout)
-        # progress goes to stderr when stdout must hold nothing but the JSON report
-        out = sys.stderr if cfg.report == "json" else sys.stdout
         threads = blas_threads(ranks_on_node, os.environ, len(os.sched_getaffinity(0)))
         with threadpool_limits(limits=threads):
             run(cfg, comm, out, signals)
     except SystemExit:
         raise
     except Interrupted as e:                   # a signal that ends the run at once (signals.py)
-        release_locks()                        # MPI_Abort skips atexit, which would release --save-dir's lock
-        time.sleep(stagger(comm.rank))         # every rank signalled at once: the lowest one reports
-        report_then_abort(f"zerompi: error: rank {comm.rank}: {e}", comm.mpi.Abort, ExitCode.INTERRUPTED)
+        end_at_once(comm.rank, e)
     except MemoryError as e:                   # after the preflight (zerompi/plan/preflight.py): one line
         signals.stand_down()
         release_locks()
