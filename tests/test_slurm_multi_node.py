@@ -9,6 +9,10 @@ runs (the tests add no address outside the nodes).
     a rank killed on node 2    the job ends at once, FAILED, with the step's last checkpoint
     preemption and requeue     a signalled job checkpoints on both nodes, requeues, resumes across them,
                                and ends with the weights of an uninterrupted run on the same nodes, bit for bit
+    rank 0's node fails        a one-node job on node 2, which crashes (every process killed): Slurm
+                               requeues it onto node 1, where it takes over the lock its first run left
+                               (same job, a later restart), resumes, and ends with an uninterrupted
+                               run's weights, bit for bit
 
 Same conditions as tests/test_slurm.py (ZEROMPI_LOCAL_SLURM=1, root, Slurm installed) and the
 emulated cluster's (ip, nsenter, unshare); run after the single-node Slurm tests, never beside
@@ -24,7 +28,7 @@ import time
 import numpy as np
 import pytest
 
-from support.cluster import emulated_cluster, run_across
+from support.cluster import crash, emulated_cluster, run_across
 from test_slurm import LOCAL_SLURM, ROOT, SLURM_DIR, SMALL, skip_without_local_slurm
 
 CLUSTER = 2                                   # the emulated cluster's number: its nodes are zmpi2-node1, -node2
@@ -141,6 +145,71 @@ def test_a_preempted_job_requeues_resumes_across_the_nodes_and_matches_an_uninte
     done = run_across(cluster, 2, [sys.executable, "-m", "zerompi.train", *training, "--log-every", "0",
                                    "--save-weights", str(reference)],
                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+    assert done.returncode == 0, done.stderr
+    with np.load(reference) as want, np.load(os.path.join(os.path.dirname(log), "final.npz")) as got:
+        assert sorted(want.files) == sorted(got.files)
+        for name in want.files:
+            assert np.array_equal(want[name], got[name]), name
+
+
+def set_state(cluster, node, state):
+    extra = ["Reason=zerompi-test"] if state in ("DRAIN", "DOWN") else []
+    on_node_1(cluster, ["scontrol", "update", f"NodeName={cluster.node_name(node)}", f"State={state}", *extra],
+              check=True)
+
+
+def wait_for_idle(cluster, seconds=60):
+    deadline = time.time() + seconds
+    while on_node_1(cluster, ["sinfo", "-h", "-N", "-o", "%T"]).stdout.split() != ["idle", "idle"]:
+        assert time.time() < deadline, on_node_1(cluster, ["sinfo", "-N"]).stdout
+        time.sleep(0.3)
+
+
+@pytest.mark.timeout(420)
+def test_a_job_whose_node_failed_is_requeued_takes_over_its_lock_and_resumes_on_another_node(cluster, tmp_path):
+    """A crash of rank 0's node left a lock naming that host, and the requeued job on another
+    host was refused: an automatic requeue after a node failure never resumed."""
+    training = ["--steps", "20000", "--hidden", "16", "--batch-size", "128", "--report", "none"]
+    set_state(cluster, 1, "DRAIN")                 # the job's first run lands on node 2
+    try:
+        job = submit(cluster, tmp_path, "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                     args=[*training, "--save-every", "1000", "--log-every", "500"])
+        log = os.path.join(tmp_path, "runs", f"zerompi-cpu-multi-{job}", "train.log")
+        deadline = time.time() + 120
+        while not (os.path.exists(log) and re.search(r"step +2500/", open(log).read())):   # two checkpoints
+            assert time.time() < deadline, job_output(tmp_path, job)
+            time.sleep(0.2)
+        assert crash(cluster, 2), "nothing ran on node 2"
+        lock = open(os.path.join(os.path.dirname(log), "checkpoints", ".lock")).read()
+        assert lock.startswith(f"{cluster.node_name(2)} ") and f"slurm={job}:0" in lock, lock
+        set_state(cluster, 2, "DOWN")              # what slurmctld does once node 2 stops answering
+        set_state(cluster, 1, "RESUME")
+        deadline = time.time() + 240
+        while True:                                # requeued (node failure): skip the requeue delay
+            state = on_node_1(cluster, ["squeue", "-h", "-j", job, "-o", "%T %r"]).stdout
+            if "PENDING" in state and "BeginTime" in state:
+                on_node_1(cluster, ["scontrol", "update", f"JobId={job}", "StartTime=now"])
+            if not state.strip():
+                break
+            assert time.time() < deadline, job_output(tmp_path, job)
+            time.sleep(0.5)
+        fields = finished(cluster, job, 10)
+        output = job_output(tmp_path, job)
+        assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), output
+        assert f"(restart 1) on {cluster.node_name(1)}" in output, output
+        text = open(log).read()
+        assert re.search(rf"took over the stale lock of {cluster.node_name(2)} pid \d+, Slurm job {job} restart 0: "
+                         r"written by this Slurm job before its restart 1", text), text
+        assert "resumed from" in text, text
+    finally:                                       # node 2 back: its slurmd again, its state resumed
+        subprocess.run(cluster.on_node(2, ["slurmd", "-N", cluster.node_name(2)]), timeout=60)
+        for node in (1, 2):
+            on_node_1(cluster, ["scontrol", "update", f"NodeName={cluster.node_name(node)}", "State=RESUME"])
+        wait_for_idle(cluster)
+    reference = tmp_path / "uninterrupted.npz"
+    done = run_across(cluster, 2, [sys.executable, "-m", "zerompi.train", *training, "--log-every", "0",
+                                   "--save-weights", str(reference)], num_nodes=1,
+                      env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=180)
     assert done.returncode == 0, done.stderr
     with np.load(reference) as want, np.load(os.path.join(os.path.dirname(log), "final.npz")) as got:
         assert sorted(want.files) == sorted(got.files)

@@ -4,6 +4,7 @@ always taken down again (also when a test fails or is interrupted).
     with emulated_cluster(number=1, nodes=4) as cluster:          (or the `emulated_cluster` fixture)
         result = run_across(cluster, ppn=2, command=[...], num_nodes=2, timeout=120)
         processes_on(cluster)          what still runs on its nodes (nothing, once a job ended)
+        crash(cluster, 2)              node 2 fails: every process on it killed at once
 
 A session's cluster has the number session_number() ($ZEROMPI_TEST_CLUSTER, 1 by default); a
 test that builds and breaks clusters of its own uses spare_number(), 10 higher, so that it never
@@ -101,3 +102,37 @@ def processes_on(cluster):
         except OSError:                    # ended meanwhile
             pass
     return found
+
+
+def crash(cluster, node):
+    """Node `node` fails at once: every process on it (its slurmd, the jobs' steps and ranks) is
+    SIGKILLed, and the shared memory they mapped is removed, as it would vanish with a real node's
+    memory (on one machine the emulated nodes share /dev/shm, where a requeued job's ranks would
+    meet the dead ones' segments: MPICH names them after the job step). Returns the pids killed."""
+    namespace = os.stat(f"/run/netns/{cluster.node_name(node)}").st_ino
+    killed, segments = [], set()
+    for _ in range(5):                     # again, for what a dying parent started meanwhile
+        found = [pid for pid in processes_on(cluster) if _namespace(pid) == namespace]
+        if not found:
+            break
+        for pid in found:
+            try:
+                with open(f"/proc/{pid}/maps") as f:
+                    segments.update(line.split()[-1] for line in f if " /dev/shm/" in line)
+                os.kill(pid, 9)
+                killed.append(pid)
+            except OSError:                # ended meanwhile
+                pass
+    for path in segments:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    return killed
+
+
+def _namespace(pid):
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
