@@ -51,3 +51,37 @@ def test_the_check_finds_a_missing_path():
     assert PATH.findall("see `zerompi/no_such_module.py` and `zerompi/step.py`") == [
         "zerompi/no_such_module.py", "zerompi/step.py"]
     assert not os.path.exists(os.path.join(ROOT, "zerompi/no_such_module.py"))
+
+
+def named_tests(cell):
+    """(file, test function or None) for each test a table cell names in backquotes: `file.py`,
+    `file.py::test_x[id]`, then `test_y` or `...[id]` in the file named last."""
+    named, current = [], None
+    for token in re.findall(r"`([^`]+)`", cell):
+        token = token.split("[")[0]
+        if token.endswith(".py") or ".py::" in token:
+            current, _, name = token.partition("::")
+            named.append((current, name if name.startswith("test_") else None))
+        elif token.startswith("test_") and current is not None:
+            named.append((current, token))
+    return named
+
+
+def test_every_fault_names_a_test_that_exists():
+    """Each row of the tables of docs/faults-and-bad-input.md whose last column names tests names
+    files and test functions that exist (a row can neither go stale nor name no test)."""
+    lines = text_of("docs/faults-and-bad-input.md").splitlines() + [""]
+    rows = [line for line, below in zip(lines, lines[1:])       # a table's rows, not its header
+            if line.startswith("| ") and line.count(" | ") >= 3 and not below.startswith("|---")]
+    missing, untested = [], []
+    for row in rows:
+        cell = row.rstrip(" |").rsplit(" | ", 1)[1]
+        named = named_tests(cell)
+        if not named and cell.strip() != "same":
+            untested.append(row[:60])
+        for file, name in named:
+            path = next((os.path.join(ROOT, folder, file) for folder in ("tests", "tests/mpi")
+                         if os.path.isfile(os.path.join(ROOT, folder, file))), None)
+            if path is None or (name and f"def {name}(" not in open(path).read()):
+                missing.append(f"{file}::{name}")
+    assert rows and missing == [] and untested == [], (missing, untested)
