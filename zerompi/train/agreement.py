@@ -118,9 +118,9 @@ def start_fields(cfg, resumed):
     found = []
     if cfg.save_dir:
         lock = _text(os.path.join(cfg.save_dir, LOCK))
+        holder = " pid ".join(lock.split()[:2])               # "host pid": whose lock this rank finds
         found.append(Field("--save-dir (one folder for every rank)", lock or "no lock",
-                           f"{cfg.save_dir!r}, " + (f"locked by {lock.split()[0]} pid {lock.split()[1]}"
-                                                    if lock else "where rank 0's lock is missing")))
+                           f"{cfg.save_dir!r}, " + (f"locked by {holder}" if lock else "where rank 0's lock is missing")))
     if resumed is not None:
         digest = file_digest(os.path.join(resumed, MANIFEST))
         found.append(Field("the checkpoint resumed (--resume)", digest, f"{resumed!r}, manifest sha256 {digest[:12]}"))
@@ -167,12 +167,12 @@ def disagreement(comm, fields):
 def _spread(comm, name, compared, shown, verb="disagree on"):
     """Collective: rank 0's line naming which ranks hold which value of the field; None elsewhere."""
     shown = shown if len(shown) <= SHOWN else shown[:SHOWN - 3] + "..."
-    received = comm.gather_bytes_to_root(f"{_digest62(compared)}\n{shown}".encode())
+    received = comm.gather_bytes_to_root(f"{_digest62(compared)}\n{shown}".encode(errors="backslashreplace"))
     if received is None:
         return None
     ranks = {}                                               # digest -> (shown, [ranks])
     for rank, payload in enumerate(received):
-        digest, _, value = payload.decode().partition("\n")
+        digest, _, value = payload.decode(errors="replace").partition("\n")
         ranks.setdefault(digest, (value, []))[1].append(rank)
     groups = sorted(ranks.values(), key=lambda group: (group[1][0] != 0, -len(group[1])))
     parts = [f"{value} on {ranks_text(members)}" for value, members in groups[:GROUPS_SHOWN]]
@@ -199,7 +199,7 @@ def ranks_text(ranks):
 
 def _digest62(text):
     """62 bits of text's SHA-256, so that its negation is an int64 too."""
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
+    return int.from_bytes(hashlib.sha256(text.encode(errors="backslashreplace")).digest()[:8], "little") >> 2
 
 
 def file_digest(path):
