@@ -90,11 +90,17 @@ def test_a_rank_stopped_before_the_trace_is_gathered_is_caught_by_the_collective
     from zerompi.observe.trace import FLUSH_EVERY_STEPS
     run = with_fault(2, "stop-after", "1", FLUSH_EVERY_STEPS - 1, "--steps", 40, "--trace", "t.json",
                      "--collective-timeout", 2, cwd=tmp_path, timeout=SIGNAL_FAST)
+    timed_out_once(run, "gather (bookkeeping", tmp_path)
+
+
+def timed_out_once(run, collective, folder):
+    """The watchdog ended the job (exit 6) with one line: rank 0 waited in that collective; nothing
+    of the job runs in folder any more."""
     assert run.returncode == 6, run.describe()
     lines = error_lines(run)
-    assert len(lines) == 1 and "rank 0 waited" in lines[0] and "gather (bookkeeping" in lines[0], run.describe()
+    assert len(lines) == 1 and "rank 0 waited" in lines[0] and collective in lines[0], run.describe()
     time.sleep(0.5)                                 # the launcher's clean-up of the stopped rank
-    assert processes_in(tmp_path) == []
+    assert processes_in(folder) == []
 
 
 def test_inf_in_one_ranks_rows_names_the_step_the_layer_and_the_rank(tmp_path):
@@ -156,21 +162,13 @@ def test_a_rank_stuck_reading_its_config_is_caught_by_the_collective_timeout(tmp
     """The first collectives, before the run's config was read, were not watched: the other ranks
     waited there for good, whatever --collective-timeout said."""
     run = with_fault(2, "parse-stall", "1", 0, "--collective-timeout", 2, cwd=tmp_path, timeout=SIGNAL_FAST)
-    assert run.returncode == 6, run.describe()
-    lines = error_lines(run)
-    assert len(lines) == 1 and "rank 0 waited" in lines[0] and "allreduce_min (control" in lines[0], run.describe()
-    time.sleep(0.5)                                 # the launcher's clean-up of the stalled rank
-    assert processes_in(tmp_path) == []
+    timed_out_once(run, "allreduce_min (control", tmp_path)
 
 
 def test_a_rank_stopped_before_the_node_map_is_caught_by_the_collective_timeout(tmp_path):
     """MPI's first collective after it starts (zerompi/nodes.py: which node each rank is on)."""
     run = with_fault(2, "nodemap-stop", "1", 0, "--collective-timeout", 2, cwd=tmp_path, timeout=SIGNAL_FAST)
-    assert run.returncode == 6, run.describe()
-    lines = error_lines(run)
-    assert len(lines) == 1 and "rank 0 waited" in lines[0] and "split_type (control" in lines[0], run.describe()
-    time.sleep(0.5)
-    assert processes_in(tmp_path) == []
+    timed_out_once(run, "split_type (control", tmp_path)
 
 
 @pytest.mark.parametrize("name, to", [("TERM", "self"), ("TERM", "mpirun"), ("INT", "mpirun")])

@@ -125,8 +125,19 @@ def test_a_preempted_job_requeues_resumes_across_the_nodes_and_matches_an_uninte
         assert time.time() < deadline, job_output(tmp_path, job)
         time.sleep(0.2)
     on_node_1(cluster, ["scancel", "--signal=USR1", "--batch", job], check=True)
+    output = requeued_to_the_end(cluster, tmp_path, job)
+    assert "SIGUSR1: asking the ranks to checkpoint" in output and "requeueing" in output, output
+    assert f"(restart 1) on {NODES}" in output, output
+    text = open(log).read()
+    assert text.count("signalled: checkpoint written") == 1 and "resumed from" in text, text
+    assert_uninterrupted_weights(cluster, tmp_path, training, os.path.dirname(log), num_nodes=2)
+
+
+def requeued_to_the_end(cluster, tmp_path, job):
+    """Wait for a requeued job to run again and end (skipping Slurm's requeue delay, ~2 min); its
+    output, once it COMPLETED after one restart."""
     deadline = time.time() + 240
-    while True:                               # the requeued job waits ~2 min to start again: skip that
+    while True:
         state = on_node_1(cluster, ["squeue", "-h", "-j", job, "-o", "%T %r"]).stdout
         if "PENDING" in state and "BeginTime" in state:
             on_node_1(cluster, ["scontrol", "update", f"JobId={job}", "StartTime=now"])
@@ -137,16 +148,18 @@ def test_a_preempted_job_requeues_resumes_across_the_nodes_and_matches_an_uninte
     fields = finished(cluster, job, 10)
     output = job_output(tmp_path, job)
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), output
-    assert "SIGUSR1: asking the ranks to checkpoint" in output and "requeueing" in output, output
-    assert f"(restart 1) on {NODES}" in output, output
-    text = open(log).read()
-    assert text.count("signalled: checkpoint written") == 1 and "resumed from" in text, text
+    return output
+
+
+def assert_uninterrupted_weights(cluster, tmp_path, training, run_dir, num_nodes):
+    """The job's final.npz in run_dir is bit for bit what the same training gives uninterrupted, 2
+    ranks on each of the first num_nodes nodes."""
     reference = tmp_path / "uninterrupted.npz"
     done = run_across(cluster, 2, [sys.executable, "-m", "zerompi.train", *training, "--log-every", "0",
-                                   "--save-weights", str(reference)],
-                      env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+                                   "--save-weights", str(reference)], num_nodes=num_nodes,
+                      env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=180)
     assert done.returncode == 0, done.stderr
-    with np.load(reference) as want, np.load(os.path.join(os.path.dirname(log), "final.npz")) as got:
+    with np.load(reference) as want, np.load(os.path.join(run_dir, "final.npz")) as got:
         assert sorted(want.files) == sorted(got.files)
         for name in want.files:
             assert np.array_equal(want[name], got[name]), name
@@ -184,18 +197,7 @@ def test_a_job_whose_node_failed_is_requeued_takes_over_its_lock_and_resumes_on_
         assert lock.startswith(f"{cluster.node_name(2)} ") and f"slurm={job}:0" in lock, lock
         set_state(cluster, 2, "DOWN")              # what slurmctld does once node 2 stops answering
         set_state(cluster, 1, "RESUME")
-        deadline = time.time() + 240
-        while True:                                # requeued (node failure): skip the requeue delay
-            state = on_node_1(cluster, ["squeue", "-h", "-j", job, "-o", "%T %r"]).stdout
-            if "PENDING" in state and "BeginTime" in state:
-                on_node_1(cluster, ["scontrol", "update", f"JobId={job}", "StartTime=now"])
-            if not state.strip():
-                break
-            assert time.time() < deadline, job_output(tmp_path, job)
-            time.sleep(0.5)
-        fields = finished(cluster, job, 10)
-        output = job_output(tmp_path, job)
-        assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), output
+        output = requeued_to_the_end(cluster, tmp_path, job)      # Slurm requeues it: node failure
         assert f"(restart 1) on {cluster.node_name(1)}" in output, output
         text = open(log).read()
         assert re.search(rf"took over the stale lock of {cluster.node_name(2)} pid \d+, Slurm job {job} restart 0: "
@@ -206,12 +208,4 @@ def test_a_job_whose_node_failed_is_requeued_takes_over_its_lock_and_resumes_on_
         for node in (1, 2):
             on_node_1(cluster, ["scontrol", "update", f"NodeName={cluster.node_name(node)}", "State=RESUME"])
         wait_for_idle(cluster)
-    reference = tmp_path / "uninterrupted.npz"
-    done = run_across(cluster, 2, [sys.executable, "-m", "zerompi.train", *training, "--log-every", "0",
-                                   "--save-weights", str(reference)], num_nodes=1,
-                      env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=180)
-    assert done.returncode == 0, done.stderr
-    with np.load(reference) as want, np.load(os.path.join(os.path.dirname(log), "final.npz")) as got:
-        assert sorted(want.files) == sorted(got.files)
-        for name in want.files:
-            assert np.array_equal(want[name], got[name]), name
+    assert_uninterrupted_weights(cluster, tmp_path, training, os.path.dirname(log), num_nodes=1)
