@@ -191,12 +191,45 @@ def test_two_checkpoints_resumed_are_refused(tmp_path):
     assert same.returncode == 0 and ERROR_MARK not in same.output, same.describe()
     line = refused(mpmd((["--resume", "a/step_00000004", "--steps", 6, "--save-weights", "w.npz"], []),
                         (["--resume", "b/step_00000004", "--steps", 6, "--save-weights", "w.npz"], []), cwd=tmp_path),
-                   "the checkpoint resumed (--resume)", "'a/step_00000004', manifest sha256 ")
-    assert "'b/step_00000004', manifest sha256 " in line and not os.path.exists(tmp_path / "w.npz"), line
+                   "the start (--resume, --init-weights)", "checkpoint 'a/step_00000004', manifest sha256 ")
+    assert "checkpoint 'b/step_00000004', manifest sha256 " in line and not os.path.exists(tmp_path / "w.npz"), line
+    plain = mpmd((["--save-dir", "a", "--resume", "--steps", 6], []),
+                 (["--save-dir", "a", "--resume", "a/step_00000004", "--steps", 6], []), cwd=tmp_path)
+    assert plain.returncode == 0 and ERROR_MARK not in plain.output, plain.describe()   # one checkpoint, two forms
 
 
 def test_two_init_weights_files_of_one_shape_are_refused(tmp_path):
     for name, seed in (("a.npz", 0), ("b.npz", 1)):
         train_ok(2, *TINY, "--seed", seed, "--save-weights", name, cwd=tmp_path)
     refused(mpmd((["--init-weights", "a.npz"], []), (["--init-weights", "b.npz"], []), cwd=tmp_path),
-            "the weights of --init-weights", "'a.npz', sha256 ")
+            "the start (--resume, --init-weights)", "weights 'a.npz', sha256 ")
+
+
+def test_node_local_save_dirs_where_one_holds_a_checkpoint_are_named_as_two_folders(tmp_path):
+    """Two ranks resuming from their own node's folder, only one of which holds a checkpoint: the
+    ranks compared different lists of fields, and the line blamed other versions of zerompi."""
+    for node in ("node1", "node2"):
+        (tmp_path / node).mkdir()
+    train_ok(1, *TINY, "--batch-size", 16, "--save-dir", "node2/ck", cwd=tmp_path)
+    run = mpmd((["--save-dir", "ck", "--resume", "--steps", 6], ["-wdir", "node1"]),
+               (["--save-dir", "ck", "--resume", "--steps", 6], ["-wdir", "node2"]), cwd=tmp_path)
+    line = refused(run, "--save-dir (one folder for every rank)", "'ck', locked by ")
+    assert "'ck', where rank 0's lock is missing on rank 1" in line, line
+
+
+def test_the_sources_digest_counts_modules_not_an_editors_files(tmp_path, monkeypatch):
+    """An editor's lock file (a dangling symlink named .#run.py) beside the package made every run
+    end in a traceback."""
+    import zerompi
+    from zerompi.train.agreement import source_digest
+    package = tmp_path / "zerompi"
+    (package / "train").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "train" / "run.py").write_text("x = 1\n")
+    monkeypatch.setattr(zerompi, "__file__", str(package / "__init__.py"))
+    clean = source_digest.__wrapped__()
+    os.symlink("user@host.1234:1", package / "train" / ".#run.py")
+    (package / "train" / "run.py~").write_text("x = 0\n")
+    assert source_digest.__wrapped__() == clean
+    (package / "train" / "run.py").write_text("x = 2\n")
+    assert source_digest.__wrapped__() != clean

@@ -182,3 +182,19 @@ def test_a_lock_of_the_old_format_is_judged_as_before(tmp_path, monkeypatch):
     note = lock.take_lock(str(tmp_path))
     assert note is not None and f"pid {dead.pid}" in note and "has ended" in note
     lock.release_locks()
+
+
+def test_a_run_that_stalled_between_creating_and_writing_its_lock_gives_way(tmp_path, monkeypatch):
+    """Run A created the lock and stalled before writing it; run B found it empty for 5 s and took
+    it over: A wrote its line into the file B had removed, and both held the folder."""
+    real_write = os.write
+    other = f"{socket.gethostname()} 1 started=x:1\n"
+
+    def stalled_write(fd, data):
+        os.unlink(tmp_path / ".lock")                    # what B's takeover does meanwhile
+        (tmp_path / ".lock").write_text(other)
+        return real_write(fd, data)
+    monkeypatch.setattr(lock.os, "write", stalled_write)
+    with pytest.raises(CheckpointError, match="taken over by another run while this one was writing it"):
+        lock.take_lock(str(tmp_path))
+    assert (tmp_path / ".lock").read_text() == other and lock._held == []

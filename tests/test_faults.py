@@ -6,6 +6,7 @@ layer's gradient. Each test asserts the exit status, that the report is one line
 that it names what it should (rank, collective, step, layer), and that no process is left behind.
 """
 import os
+import threading
 import time
 
 import numpy as np
@@ -326,20 +327,77 @@ def test_an_fp16_loss_scale_floor_that_cannot_work_is_bad_input(flags, keyword, 
     assert os.listdir(tmp_path) == []
 
 
-def test_sigusr1_after_training_is_a_warning_and_the_finish_goes_on(capfd):
-    """Slurm's warning before a time limit, landing while the weights were written, ended a
-    finished run with status 130 and no weights."""
+def busy_in_c(seconds):
+    """Keep this thread in one C call (which releases the GIL) for at least `seconds`: Python's
+    signal handlers wait for it to return, as they wait for an MPI collective."""
+    import hashlib
+    start = time.perf_counter()
+    hashlib.pbkdf2_hmac("sha256", b"x", b"y", 20_000)
+    rounds = int(20_000 * seconds / max(time.perf_counter() - start, 1e-6)) + 1
+    start = time.perf_counter()
+    hashlib.pbkdf2_hmac("sha256", b"x", b"y", rounds)
+    assert time.perf_counter() - start >= 0.5 * seconds
+
+
+@pytest.fixture
+def signals_here():
+    """Make a zerompi Signals of this process (rank 0), recording what its watcher ends in `ended`;
+    the previous handlers and wakeup fd are put back afterwards."""
     import signal
-    from zerompi.train.signals import Interrupted, Signals
+    from zerompi.train.signals import Signals
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    ended = []
     try:
-        signals = Signals(0, end_now=None)              # every signal here is handled in this thread
-        signals.leave_loop()
-        os.kill(os.getpid(), signal.SIGUSR1)                 # handled here: a warning, no exception
-        assert "SIGUSR1 after training: the run is finishing; it goes on" in capfd.readouterr().err
-        with pytest.raises(Interrupted, match="SIGTERM after training"):
-            os.kill(os.getpid(), signal.SIGTERM)
+        yield lambda: Signals(0, end_now=ended.append), ended
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         signal.set_wakeup_fd(-1)
+
+
+def test_sigusr1_after_training_is_a_warning_and_the_finish_goes_on(capfd, signals_here):
+    """Slurm's warning before a time limit, landing while the weights were written, ended a
+    finished run with status 130 and no weights."""
+    import signal
+    from zerompi.train.signals import Interrupted
+    make, ended = signals_here
+    signals = make()
+    signals.leave_loop()
+    os.kill(os.getpid(), signal.SIGUSR1)                 # handled here: a warning, no exception
+    assert "SIGUSR1 after training: the run is finishing; it goes on" in capfd.readouterr().err
+    with pytest.raises(Interrupted, match="SIGTERM after training"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1.5)
+    assert ended == []                                   # the watcher left it to this thread
+
+
+def test_the_watcher_decides_only_what_ends_the_run_and_only_what_the_main_thread_left(capfd, signals_here):
+    """A signal the main thread handled is not decided again by the watcher (three SIGUSR1 gave
+    four warnings; a single Ctrl-C could read as a second one and cost the checkpoint); one it has
+    not handled (here: its handler does nothing, as while it waits in MPI) ends the run from the
+    watcher when it ends the run in its phase."""
+    import signal
+    from zerompi.train.signals import ACT_WITHIN_SECONDS, Interrupted
+    make, ended = signals_here
+    signals = make()
+    signals.enter_loop(save_dir=False)
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    busy_in_c(3 * ACT_WITHIN_SECONDS)                    # the handler cannot run meanwhile
+    for _ in range(2):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.1)
+    time.sleep(ACT_WITHIN_SECONDS + 0.5)
+    assert capfd.readouterr().err.count("SIGUSR1 but no --save-dir") == 3 and ended == []
+    signals.enter_loop(save_dir=True)
+    os.kill(os.getpid(), signal.SIGINT)                  # the step's end will checkpoint
+    time.sleep(ACT_WITHIN_SECONDS + 0.5)
+    assert signals.requested and ended == []
+    with pytest.raises(Interrupted, match="a second SIGINT"):
+        os.kill(os.getpid(), signal.SIGINT)
+    signals = make()                                     # start-up again: a main thread that cannot act
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    os.kill(os.getpid(), signal.SIGTERM)
+    deadline = time.monotonic() + 10 * ACT_WITHIN_SECONDS
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ended == ["SIGTERM during start-up: ending the run"]

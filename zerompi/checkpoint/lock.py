@@ -32,11 +32,13 @@ written (a full disk) is removed again before the one-line error. A lock found i
     anything else                            refused: not a lock zerompi wrote
 
 A stale lock is moved aside (rename, atomic) before it is removed, and the file moved is compared
-with the one judged (device and inode): if another run took the lock over in between, the lock
-moved is that run's, and it is put back. Under the lock, rank 0 removes the .partial-step_* folders
+with the one judged (device, inode and modification time: an empty lock written meanwhile is not
+the one judged): if another run took the lock over in between, the lock moved is that run's, and
+it is put back. Under the lock, rank 0 removes the .partial-step_* folders
 a killed run left; nothing else in save_dir is ever removed but by rotation (zerompi/checkpoint/save.py).
 """
 import atexit
+import errno
 import os
 import shutil
 import socket
@@ -139,20 +141,43 @@ def remove_stale_partials(save_dir):
 
 def _create(path, me):
     """Create the lock holding `me`'s line; False if it exists. A line that cannot be written
-    (ENOSPC, EDQUOT, EIO) leaves no lock behind."""
+    (ENOSPC, EDQUOT, EIO) leaves no lock behind. Then the path must still name the file written: a
+    run that found it empty for EMPTY_STALE_SECONDS (this process stalled between creating and
+    writing it) may have taken it over meanwhile."""
     try:
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # less the umask
     except FileExistsError:
         return False
     except OSError as e:
         raise CheckpointError(f"{path}: cannot be created: {e.strerror or e}") from None
+    written = os.fstat(handle)
     try:
-        with os.fdopen(handle, "w") as f:
-            f.write(me.line())
-    except OSError as e:                                 # at the write or at the close's flush
-        os.unlink(path)
+        line = me.line().encode()
+        if os.write(handle, line) != len(line):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError as e:                                 # a full disk, a quota
+        _unlink_if(path, written)
         raise CheckpointError(f"{path}: cannot be written: {e.strerror or e}") from None
+    finally:
+        os.close(handle)
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (written.st_dev, written.st_ino):
+        raise CheckpointError(f"{path}: taken over by another run while this one was writing it; if no run "
+                              f"uses {os.path.dirname(path)}, start again")
     return True
+
+
+def _unlink_if(path, status):
+    """Remove path if it is still the file of `status` (never another run's lock)."""
+    try:
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) == (status.st_dev, status.st_ino):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _found(path, save_dir):

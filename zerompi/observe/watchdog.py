@@ -85,8 +85,8 @@ class CollectiveWatchdog:
 
     @property
     def poll(self):
-        """Seconds between two looks: never a busy loop, whatever the limit."""
-        return min(1.0, max(0.01, self.limit / 4))
+        """Seconds between two looks: never a busy loop, whatever the limit (1 s while off)."""
+        return min(1.0, max(0.01, self.limit / 4)) if self.limit > 0 else 1.0
 
     def enter(self, kind, purpose, buffer):
         self.kind, self.purpose, self.buffer = kind, purpose, buffer
@@ -101,7 +101,7 @@ class CollectiveWatchdog:
             patience = limit + stagger(self.rank)
             waited = 0.0 if since is None else time.monotonic() - since
             if limit <= 0 or waited < patience:
-                time.sleep(poll if limit <= 0 else min(poll, patience - waited))
+                time.sleep(min(poll, patience - waited) if limit > 0 else poll)
                 continue
             buffer = self.buffer
             size = "" if buffer is None else f", {buffer.size:,} {buffer.dtype} elements"

@@ -33,6 +33,7 @@ rank 0, which names the field and which ranks hold which value, and every rank e
 
     zerompi: error: the ranks disagree on --lr: 0.003 on rank 0, 0.1 on rank 1; every rank must run ...
 """
+import functools
 import hashlib
 import os
 from dataclasses import dataclass, fields as dataclass_fields
@@ -50,7 +51,7 @@ SLOTS = 128                  # at most SLOTS - 1 fields in one comparison
 SHOWN = 72                   # characters of a value shown in the error line
 GROUPS_SHOWN = 4             # values shown, the most common first after rank 0's
 NOT_COMPARED = ("config", "deepspeed_config", "data")      # their effect is compared instead
-WHETHER_SET = ("save_weights", "metrics", "trace", "tensorboard", "save_dir", "init_weights")
+WHETHER_SET = ("save_weights", "metrics", "trace", "tensorboard", "save_dir", "init_weights", "resume")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class Field:
     compared: str            # what must be equal on every rank
     shown: str = ""          # what the error line shows of this rank's value (default: compared)
     refused: bool = True     # False: a difference is reported in one line, and the run goes on
+
+    def value(self):
+        return self.shown or self.compared
 
 
 def run_fields(cfg, device):
@@ -73,8 +77,6 @@ def run_fields(cfg, device):
         flag = f"--{f.name.replace('_', '-')}"
         if f.name in WHETHER_SET:
             found.append(Field(flag, "set" if value else "not set", repr(value) if value else "not set"))
-        elif f.name == "resume":              # --resume FOLDER: which checkpoint, after it is loaded
-            found.append(Field(flag, {"": "not set", "latest": "latest"}.get(value, "a folder"), repr(value)))
         else:
             found.append(Field(flag, ",".join(map(str, value)) if isinstance(value, tuple) else repr(value)))
     return found
@@ -111,10 +113,10 @@ def data_fields(data):
 
 
 def start_fields(cfg, resumed):
-    """What the start was loaded from: --save-dir's folder (by the lock rank 0 took in it), the
-    checkpoint resumed (resumed: its folder, or None) and the --init-weights file. Call after rank 0
-    took the lock, and after the start was read (every file is checked by then: regular, its sizes
-    within memory)."""
+    """What the start was loaded from: --save-dir's folder (by the lock rank 0 took in it), and the
+    checkpoint resumed (resumed: its folder, or None), the --init-weights file or the seed: the
+    same fields on every rank whose flags agree. Call after rank 0 took the lock, and after the
+    start was read (every file is checked by then: regular, its sizes within memory)."""
     found = []
     if cfg.save_dir:
         lock = _text(os.path.join(cfg.save_dir, LOCK))
@@ -123,11 +125,13 @@ def start_fields(cfg, resumed):
                            f"{cfg.save_dir!r}, " + (f"locked by {holder}" if lock else "where rank 0's lock is missing")))
     if resumed is not None:
         digest = file_digest(os.path.join(resumed, MANIFEST))
-        found.append(Field("the checkpoint resumed (--resume)", digest, f"{resumed!r}, manifest sha256 {digest[:12]}"))
+        shown = f"checkpoint {resumed!r}, manifest sha256 {digest[:12]}"
     elif cfg.init_weights:
         digest = file_digest(cfg.init_weights)
-        found.append(Field("the weights of --init-weights", digest, f"{cfg.init_weights!r}, sha256 {digest[:12]}"))
-    return found
+        shown = f"weights {cfg.init_weights!r}, sha256 {digest[:12]}"
+    else:
+        digest = shown = f"the initial values of --seed {cfg.seed}"
+    return found + [Field("the start (--resume, --init-weights)", digest, shown)]
 
 
 def agree(comm, fields, out):
@@ -155,12 +159,11 @@ def disagreement(comm, fields):
     differ = [slot for slot in range(SLOTS) if digests[slot] != -digests[SLOTS + slot]]
     if differ and differ[0] == 0:                            # the lists of fields differ
         return _spread(comm, "the fields they compare (other versions of zerompi)", names, names), []
-    refused = [slot for slot in differ if fields[slot - 1].refused]
+    refused = [fields[slot - 1] for slot in differ if fields[slot - 1].refused]
     if refused:
-        field = fields[refused[0] - 1]
-        return _spread(comm, field.name, field.compared, field.shown or field.compared), []
-    notes = [_spread(comm, fields[slot - 1].name, fields[slot - 1].compared,
-                     fields[slot - 1].shown or fields[slot - 1].compared, verb="differ in") for slot in differ]
+        return _spread(comm, refused[0].name, refused[0].compared, refused[0].value()), []
+    notes = [_spread(comm, fields[slot - 1].name, fields[slot - 1].compared, fields[slot - 1].value(),
+                     verb="differ in") for slot in differ]
     return None, [note for note in notes if note is not None]
 
 
@@ -223,21 +226,22 @@ def _text(path):
         return ""
 
 
-_sources = []
-
-
+@functools.lru_cache(maxsize=1)
 def source_digest():
-    """SHA-256 of zerompi's own .py files (relative path and bytes, in sorted order): two nodes
-    with the same version number but other code differ here."""
-    if not _sources:
-        top = os.path.dirname(os.path.abspath(zerompi.__file__))
-        digest = hashlib.sha256()
-        for folder, _, files in sorted(os.walk(top)):
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    path = os.path.join(folder, name)
-                    digest.update(os.path.relpath(path, top).encode() + b"\0")
-                    with open(path, "rb") as f:
-                        digest.update(f.read())
-        _sources.append(digest.hexdigest())
-    return _sources[0]
+    """SHA-256 of zerompi's module files (relative path and bytes, in sorted order): two nodes with
+    the same version number but other code differ here. Only files that could be modules count
+    (an editor's lock or backup file beside them does not)."""
+    top = os.path.dirname(os.path.abspath(zerompi.__file__))
+    digest = hashlib.sha256()
+    for folder, _, files in sorted(os.walk(top)):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if not (name.endswith(".py") and name[:-3].isidentifier() and os.path.isfile(path)):
+                continue
+            digest.update(os.path.relpath(path, top).encode() + b"\0")
+            try:
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+            except OSError as e:             # unreadable: say so, in the digest too
+                digest.update(f"unreadable: {e.strerror}".encode())
+    return digest.hexdigest()

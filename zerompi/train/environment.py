@@ -18,7 +18,6 @@ ENVIRONMENT = (
     (LOCAL_RANK_VARIABLES, "rank on its node: which GPU it uses"),
     (LAUNCHER_LOCAL_SIZE_VARIABLES, "--dry-run: ranks per node (default: all on one)"),
     ((CUDA_AWARE_OVERRIDE,), "1 or 0: whether MPI reads GPU memory (default: asked)"),
-    ((SLURM_JOB, SLURM_PTY), "a Slurm job (lines), or srun --pty (live): --progress auto"),
-    ((SLURM_RESTARTS,), "Slurm's requeue count, written into --metrics and TensorBoard"),
-    ((SLURM_JOB, SLURM_RESTARTS), "recorded in --save-dir's lock: a requeued job takes its own over"),
+    ((SLURM_JOB, SLURM_PTY), "a Slurm job (lines), or srun --pty (live): --progress auto; the job: lock"),
+    ((SLURM_RESTARTS,), "Slurm's requeue count: in --metrics, TensorBoard and --save-dir's lock"),
 )

@@ -55,7 +55,7 @@ from .grouping import grouping_error, resolve_grouping
 from ..exit_codes import ExitCode
 from ..ledger import GRADS, METRICS, PARAMS
 from ..observe.trace import Tracer, create_trace_file
-from ..observe.watchdog import await_announced_abort, report_then_abort, stagger
+from ..observe.watchdog import MAX_STAGGER_SECONDS, await_announced_abort, report_then_abort, stagger
 from ..plan.preflight import preflight_error
 from ..precision import Precision, precision_for
 from ..step import count_correct, train_step
@@ -321,19 +321,29 @@ def start_trace(cfg, comm, engine):
     return tracer
 
 
-def end_at_once(rank, what):
-    """A signal ended the run at once (zerompi/train/signals.py): the lock released, one line from
-    the lowest signalled rank, every rank ended. From the main thread, or from the signal watcher
-    while the main thread waits in MPI."""
-    release_locks()                        # MPI_Abort skips atexit, which would release --save-dir's lock
-    time.sleep(stagger(rank))              # every rank signalled at once: the lowest one reports
-    report_then_abort(f"zerompi: error: rank {rank}: {what}", abort_job, ExitCode.INTERRUPTED)
+def end_job(rank, line, exit_code, standing_by=False, before=""):
+    """End every rank with exit_code and one line (after `before`, a traceback), from the lowest
+    rank that fails: rank r waits stagger(r) seconds first (several ranks failing at once: the
+    lowest reports, its abort ends the rest). standing_by: the signal watcher, whose main thread
+    waits in MPI: a rank but the lowest also gives the lowest one's abort MAX_STAGGER_SECONDS to
+    come first. Never returns."""
+    time.sleep(stagger(rank) + (MAX_STAGGER_SECONDS if standing_by and rank else 0))
+    report_then_abort(before + line, abort_releasing_locks, exit_code)
+    await_announced_abort()                # another thread announced first: its abort ends this process
+
+
+def abort_releasing_locks(exit_code):
+    """MPI_Abort skips atexit, which would release --save-dir's lock: release it at the last moment."""
+    release_locks()
+    abort_job(exit_code)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     rank = launcher_rank(os.environ)       # MPI's rank, once it starts (launch.py checks the two agree)
-    signals = Signals(rank, lambda what: end_at_once(rank, what))   # from here a signal ends the run with one line
+    signals = Signals(rank, lambda what: end_job(rank, f"zerompi: error: rank {rank}: {what}",
+                                                 ExitCode.INTERRUPTED, standing_by=True))
+    # from here a signal ends the run with one line (zerompi/train/signals.py)
     try:
         # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py;
         # the watchdog guards the collectives from the first one, which the Communicator makes.
@@ -341,11 +351,11 @@ def main(argv=None):
         device, device_error = select_device(early.device, os.environ)
         comm = Communicator(device=device, collective_timeout=early.collective_timeout)
     except Interrupted as e:                   # reading --config, or MPI starting
-        end_at_once(rank, e)
+        end_job(rank, f"zerompi: error: rank {rank}: {e}", ExitCode.INTERRUPTED)
     try:
         mismatch = launch_mismatch(comm.size, os.environ)
         if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
-            if launcher_rank(os.environ) == 0:
+            if rank == 0:
                 print(f"zerompi: error: {mismatch}", file=sys.stderr, flush=True)
             raise SystemExit(ExitCode.BAD_INPUT)
         try:
@@ -373,21 +383,16 @@ def main(argv=None):
     except SystemExit:
         raise
     except Interrupted as e:                   # a signal that ends the run at once (signals.py)
-        end_at_once(comm.rank, e)
+        end_job(comm.rank, f"zerompi: error: rank {comm.rank}: {e}", ExitCode.INTERRUPTED)
     except MemoryError as e:                   # after the preflight (zerompi/plan/preflight.py): one line
         signals.stand_down()
-        release_locks()
-        time.sleep(stagger(comm.rank))
-        report_then_abort(f"zerompi: error: rank {comm.rank} ran out of memory ({e or 'MemoryError'}): other "
-                          f"processes took memory the preflight had counted, or it fragmented; `--dry-run` "
-                          f"shows the plan", comm.mpi.Abort, ExitCode.OUT_OF_MEMORY)
+        end_job(comm.rank, f"zerompi: error: rank {comm.rank} ran out of memory ({e or 'MemoryError'}): other "
+                           f"processes took memory the preflight had counted, or it fragmented; `--dry-run` "
+                           f"shows the plan", ExitCode.OUT_OF_MEMORY)
     except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
         signals.stand_down()
-        release_locks()
-        time.sleep(stagger(comm.rank))         # several ranks failing at once: the lowest one reports
-        traceback.print_exc()
-        report_then_abort(f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", comm.mpi.Abort,
-                          ExitCode.FAILED)
+        end_job(comm.rank, f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", ExitCode.FAILED,
+                before=traceback.format_exc())
     finally:
         signals.stand_down()                   # the run has ended: a signal now must not change its status
         await_announced_abort()                # a watchdog announced an abort: never exit 0 (watchdog.py)

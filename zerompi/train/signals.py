@@ -30,10 +30,11 @@ A rank waiting in MPI: Python runs a signal's handler in the main thread between
 so while the main thread waits in a collective for a rank that is stopped or slow (MPI calls do
 not return on a signal), the handler cannot run, and the signal would wait as long as that rank.
 So the signals also reach a watcher thread (signal.set_wakeup_fd: the interpreter's C handler
-writes each signal's number into a pipe the thread reads): a signal the main thread has not
-handled within ACT_WITHIN_SECONDS is decided by the watcher, in the same way; a run it ends, it
-ends from there (`end_now`: the lowest signalled rank's line, then MPI_Abort, run.py). Each
-signal is decided once: the handler skips a signal the watcher has decided.
+writes each signal's number into a pipe the thread reads): a signal that ends the run at once in
+the phase it arrived in, which the main thread has not acted on within ACT_WITHIN_SECONDS, ends
+the run from there (`end_now`: one line, then MPI_Abort, run.py). A signal that only sets the flag
+or warns waits for the main thread, as before: in the loop with --save-dir the step cannot end
+while a peer is away anyway, and --collective-timeout ends such a job.
 """
 import os
 import signal
@@ -44,7 +45,8 @@ import time
 import numpy as np
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-ACT_WITHIN_SECONDS = 1.0         # a signal the main thread has not handled by then, the watcher decides
+STARTING, TRAINING, FINISHING = "during start-up", "in the training loop", "after training"   # the phases
+ACT_WITHIN_SECONDS = 1.0         # a signal that ends the run, left by the main thread this long: the watcher's
 
 
 class Interrupted(BaseException):
@@ -56,19 +58,15 @@ class Signals:
     """The handler of the stop signals of one rank, and the flag the ranks agree on after each step."""
 
     def __init__(self, rank, end_now):
-        """end_now(what): ends the run at once from the watcher thread, where the main thread cannot
-        (it never returns)."""
+        """end_now(what): ends the run at once from the watcher thread, where the main thread waits
+        in MPI (it never returns)."""
         self.rank = rank
         self.end_now = end_now
-        self.phase = "during start-up"   # or "in the training loop", "after training"
+        self.phase = STARTING            # or TRAINING, FINISHING
         self.save_dir = False            # in the loop: a checkpoint can be written
         self.requested = False           # in the loop with --save-dir: a signal is waiting for the step's end
         self.flag = np.zeros(1)
-        self._deciding = threading.RLock()
-        self._arrived = 0                # stop signals the watcher has seen arrive
-        self._handled = 0                # of those, decided by the handler in the main thread
-        self._by_watcher = dict.fromkeys(STOP_SIGNALS, 0)   # decided by the watcher, not yet by the handler
-        self._ended = False
+        self._ended = False              # a signal ended the run, or the run has ended
         wake, self._wakeup = os.pipe()
         os.set_blocking(self._wakeup, False)
         signal.set_wakeup_fd(self._wakeup)
@@ -78,10 +76,10 @@ class Signals:
 
     def enter_loop(self, save_dir):
         """The training loop starts: with --save-dir a signal now waits for the step's end."""
-        self.phase, self.save_dir = "in the training loop", bool(save_dir)
+        self.phase, self.save_dir = TRAINING, bool(save_dir)
 
     def leave_loop(self):
-        self.phase, self.save_dir = "after training", False
+        self.phase, self.save_dir = FINISHING, False
 
     def agreed(self, comm):
         """Collective: True on every rank when any rank has been signalled."""
@@ -97,52 +95,49 @@ class Signals:
 
     def _handle(self, signum, frame):
         """The handler, in the main thread."""
-        with self._deciding:
-            if self._by_watcher[signum]:        # the watcher decided it while this thread waited
-                self._by_watcher[signum] = 0
-                return
-            self._handled += 1
-            what = self._decide(signum)
+        if self._ended:
+            return
+        name = signal.Signals(signum).name
+        what = ends_at_once(name, self.phase, self.save_dir)
+        if what is None and self.phase == FINISHING:          # SIGUSR1 after training
+            os.write(sys.stderr.fileno(), f"zerompi: warning: rank {self.rank}: SIGUSR1 after training: the run "
+                                          f"is finishing; it goes on\n".encode())
+        elif what is None and not self.save_dir:              # SIGUSR1 in the loop
+            os.write(sys.stderr.fileno(), f"zerompi: warning: rank {self.rank}: SIGUSR1 but no --save-dir: "
+                                          f"no checkpoint to write; training goes on\n".encode())
+        elif what is None and self.requested and signum == signal.SIGINT:
+            what = "a second SIGINT: ending the run at once, without a checkpoint"
+        elif what is None:
+            self.requested = True
         if what is not None:
             self.stand_down()
             raise Interrupted(what)
 
     def _watch(self, wake):
-        """The watcher thread: each stop signal the main thread leaves undecided for ACT_WITHIN_SECONDS."""
+        """The watcher thread: a signal that ends the run at once in the phase it arrived in, and
+        that the main thread has not acted on within ACT_WITHIN_SECONDS, ends it from here. (One
+        that sets the flag or warns waits for the main thread: what it does depends on what the
+        handler decided before, which only the handler knows.)"""
         while True:
             for signum in os.read(wake, 64):
                 if signum not in STOP_SIGNALS:
                     continue
-                with self._deciding:
-                    self._arrived += 1
-                    arrival = self._arrived
+                what = ends_at_once(signal.Signals(signum).name, self.phase, self.save_dir)
+                if what is None:
+                    continue
                 time.sleep(ACT_WITHIN_SECONDS)
-                with self._deciding:
-                    if self._handled + sum(self._by_watcher.values()) >= arrival or self._ended:
-                        continue
-                    self._by_watcher[signum] += 1
-                    what = self._decide(signal.Signals(signum))
-                if what is not None:
+                if not self._ended:           # the handler has not run: the main thread waits in MPI
                     self._ended = True
                     self.end_now(what)
 
-    def _decide(self, signum):
-        """What the signal does now: None (a flag set, or a warning printed), or what ends the run at once."""
-        if self._ended:
-            return None
-        name = signal.Signals(signum).name
-        if self.phase == "after training" and signum == signal.SIGUSR1:
-            os.write(sys.stderr.fileno(), f"zerompi: warning: rank {self.rank}: SIGUSR1 after training: the run "
-                                          f"is finishing; it goes on\n".encode())
-        elif self.phase != "in the training loop":
-            return f"{name} {self.phase}: ending the run"
-        elif not self.save_dir and signum == signal.SIGUSR1:
-            os.write(sys.stderr.fileno(), f"zerompi: warning: rank {self.rank}: SIGUSR1 but no --save-dir: "
-                                          f"no checkpoint to write; training goes on\n".encode())
-        elif not self.save_dir:
-            return f"{name} and no --save-dir: ending the run without a checkpoint"
-        elif self.requested and signum == signal.SIGINT:
-            return "a second SIGINT: ending the run at once, without a checkpoint"
-        else:
-            self.requested = True
+
+def ends_at_once(name, phase, save_dir):
+    """What a stop signal `name` that ends the run at once in this phase says, or None where it
+    does not (the table in the module docstring)."""
+    if phase == FINISHING and name == "SIGUSR1":
         return None
+    if phase != TRAINING:
+        return f"{name} {phase}: ending the run"
+    if not save_dir and name != "SIGUSR1":
+        return f"{name} and no --save-dir: ending the run without a checkpoint"
+    return None
