@@ -233,3 +233,72 @@ def test_planned_calls_carry_the_purpose_the_ledger_counts():
         assert ring == ledger_bytes                                  # N = 2: (N-1)/N = 1/2
     stage3 = plan_run(RunShape((4, 100, 8), 3, FP32, 2, 2))
     assert {c.purpose for c in stage3.calls if c.op == ALLGATHER} == {PARAMS}
+
+
+# ----------------------------------------------------------------------------------------------
+# The calibration file at the edges: outputs that are not files, inputs without bounds
+# ----------------------------------------------------------------------------------------------
+
+def special_files(folder):
+    """A FIFO, a character device (a /dev/null of our own: root) and a socket, made in folder."""
+    import socket as sockets
+    import stat
+    made = {"fifo": folder / "fifo"}
+    os.mkfifo(made["fifo"])
+    if os.geteuid() == 0:
+        made["device"] = folder / "null"
+        os.mknod(made["device"], 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    made["socket"] = folder / "sock"
+    server = sockets.socket(sockets.AF_UNIX)
+    server.bind(str(made["socket"]))
+    server.close()
+    return made
+
+
+def test_calibrate_refuses_an_output_that_is_not_a_regular_file_before_measuring(tmp_path):
+    """`calibrate --out X` renamed its file over a FIFO, a device node or a socket X (as root,
+    `--out /dev/null` would have replaced the system's /dev/null)."""
+    for kind, path in special_files(tmp_path).items():
+        before = os.lstat(path)
+        run = launch(2, "calibrate", "--out", path, cwd=tmp_path, program=("-m", "zerompi.plan"), timeout=60)
+        assert run.returncode == 2, run.describe()
+        assert run.stderr.strip() == f"zerompi: error: cannot save the calibration to {path}: it exists and is not " \
+                                     f"a regular file", run.describe()
+        after = os.lstat(path)
+        assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode), kind
+    assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]
+
+
+def test_calibrate_on_a_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path):
+    from test_observability import small_tmpfs
+    with small_tmpfs(tmp_path / "full", size="4k") as full:
+        (full / "filler").write_bytes(b"\0" * 4096)
+        run = launch(2, "calibrate", "--out", full / "machine.json", cwd=tmp_path, program=("-m", "zerompi.plan"),
+                     timeout=180)
+        assert run.returncode == 2, run.describe()
+        assert run.stderr.strip().startswith(f"zerompi: error: cannot write {full / 'machine.json'}: No space left"), \
+            run.describe()
+        assert os.listdir(full) == ["filler"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "deep", "huge"])
+def test_a_calibration_that_is_no_bounded_file_is_one_line(kind, tmp_path):
+    """--calibration read a FIFO forever, /dev/zero until memory ran out, and gave a RecursionError
+    traceback for deep JSON."""
+    path = tmp_path / "machine.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "zero":
+        path = "/dev/zero"
+    elif kind == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(1 << 30)                    # 1 GB, sparse
+    result = plan_cli("--calibration", path, "--hidden", 8, "--ranks", 2, *ROWS, timeout=30)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0], result.stderr
+    want = {"fifo": "is a FIFO", "zero": "is a character device", "deep": "nested too deeply",
+            "huge": "larger than"}[kind]
+    assert want in lines[0], result.stderr

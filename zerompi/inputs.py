@@ -9,7 +9,9 @@ their `latest`) is opened through `open_regular`:
 
 Checking the open descriptor (not the path, then opening) leaves no window in which the path can
 be swapped for a FIFO or a device. A FIFO, a device or a folder would otherwise block forever or
-read without end, before any collective runs, where the watchdog cannot see it.
+read without end, before any collective runs, where the watchdog cannot see it. A file read whole
+(a config file, a calibration) is also bounded: `read_whole` refuses one of more than
+WHOLE_FILE_LIMIT bytes, by its size and by what it yields (a file may grow while it is read).
 
 A file also declares sizes (an .npy header's shape, a manifest's ranks and layers): `check_fits`
 compares the bytes they would allocate with what this process may still use before anything is
@@ -49,6 +51,20 @@ def open_regular(path, error, mode="rb"):
     except BaseException:
         os.close(fd)
         raise
+
+
+WHOLE_FILE_LIMIT = 1 << 20          # a config file or a calibration is a few kB
+
+
+def read_whole(path, error, what, mode="rb"):
+    """The whole content of the regular file at path, at most WHOLE_FILE_LIMIT bytes; else raises
+    error(one line naming path: it is not `what`, e.g. "a config file")."""
+    with open_regular(path, error, mode) as f:
+        size = os.fstat(f.fileno()).st_size
+        content = f.read(WHOLE_FILE_LIMIT + 1) if size <= WHOLE_FILE_LIMIT else None
+    if content is None or len(content) > WHOLE_FILE_LIMIT:
+        raise error(f"{path}: larger than {format_bytes(WHOLE_FILE_LIMIT)}, too large for {what}")
+    return content
 
 
 def available_bytes(ranks_on_node=1):

@@ -1,9 +1,13 @@
 """Files that are complete or absent: write under a temporary name, fsync, rename into place.
 
-    with atomic_file("out.npz") as f:      # f is a new "<folder>/.out.npz.tmp-XXXXXXXX"
+    with atomic_file("out.npz") as f:      # f is a new "<folder>/.out.npz.tmp-<host>-<pid>-XXXXXXXX"
         ... write ...
     # normal exit: flush, fsync the file, rename over out.npz, fsync the folder
     # an exception: the temporary file is removed and out.npz is untouched
+
+A process killed while it writes (SIGKILL, a node that fails) leaves its temporary file: the next
+writer of the same output removes those that processes of this host left and that have ended
+(never a live one's; one of another host cannot be checked from here and stays).
 
 POSIX rename within one folder is atomic, so a reader (or a crash at any moment) sees the old file
 or the complete new one, never a half-written one. Every file zerompi writes whole goes through
@@ -23,6 +27,8 @@ would race with the threads that MPI and --overlap start).
 import errno
 import os
 import secrets
+import socket
+import stat
 from contextlib import contextmanager
 
 ATTEMPTS = 100               # temporary names tried before giving up (each is 32 random bits)
@@ -38,16 +44,56 @@ def fsync_folder(folder):
 
 
 def create_temporary(path):
-    """(handle open for writing, its path) of a new file "<folder>/.<name>.tmp-XXXXXXXX" beside path:
-    O_EXCL, so never an existing file or a planted link; mode 0o666 less the umask, as open() gives."""
+    """(handle open for writing, its path) of a new file "<folder>/.<name>.tmp-<host>-<pid>-XXXXXXXX"
+    beside path: O_EXCL, so never an existing file or a planted link; mode 0o666 less the umask, as
+    open() gives. The temporaries of path that ended processes of this host left are removed first."""
     folder, name = os.path.split(os.path.abspath(path))
+    prefix = f".{name}.tmp-{socket.gethostname()}-"
+    remove_ended_temporaries(folder, prefix)
     for _ in range(ATTEMPTS):
-        tmp = os.path.join(folder, f".{name}.tmp-{secrets.token_hex(4)}")
+        tmp = os.path.join(folder, f"{prefix}{os.getpid()}-{secrets.token_hex(4)}")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, f"no free temporary name in {ATTEMPTS} attempts", path)
+
+
+def remove_ended_temporaries(folder, prefix):
+    """Remove the regular files "<prefix><pid>-XXXXXXXX" in folder whose process has ended."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid, _, tag = name[len(prefix):].partition("-")
+        if not (name.startswith(prefix) and pid.isascii() and pid.isdigit() and len(tag) == 8) or \
+                process_running(int(pid)):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+        except OSError:                    # removed meanwhile, or not ours to remove
+            pass
+
+
+def process_running(pid):
+    """Whether process pid of this host exists and has not ended (a zombie, ended but not yet
+    reaped, has)."""
+    if not 0 < pid < 1 << 22:            # Linux's largest pid_max
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:              # another user's process
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):        # no /proc: kill(pid, 0) is all there is
+        return True
 
 
 @contextmanager

@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass
 
 from ..inputs import open_regular
+from .atomic import process_running
 from .files import LOCK, PARTIAL, CheckpointError, step_of
 
 
@@ -225,7 +226,7 @@ def _why_stale(path, save_dir, holder, me):
     if _is_holder(holder, me):
         raise CheckpointError(f"{path}: {save_dir} is in use by another run (held by {holder.host}, pid "
                               f"{holder.pid}); wait for it to end or use another --save-dir")
-    if holder.pid != me.pid and _running(holder.pid):
+    if holder.pid != me.pid and process_running(holder.pid):
         return f"{holder.describe()}: that pid is now another process's, started after the lock was written"
     return f"{holder.describe()}, a process that has ended"
 
@@ -248,24 +249,9 @@ def _empty_is_stale(path, save_dir):
 def _is_holder(holder, me):
     """Whether the process that wrote the lock runs (not this process: a lock of its own pid is
     an earlier process's); with a start time recorded, that pid's process must have started then."""
-    if holder.pid == me.pid or not _running(holder.pid):
+    if holder.pid == me.pid or not process_running(holder.pid):
         return False
     return holder.started is None or process_start(holder.pid) in (None, holder.started)
-
-
-def _running(pid):
-    """Whether process pid exists and has not ended (a zombie, ended but not yet reaped, has)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:              # another user's process
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):        # no /proc: kill(pid, 0) is all there is
-        return True
 
 
 def _set_aside(path, identity):

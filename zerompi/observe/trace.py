@@ -28,10 +28,11 @@ Streaming, in bounded memory: every FLUSH_EVERY_STEPS steps (and at the end) ran
 events every rank recorded since the last flush (one Gatherv of their JSON text, see
 Communicator.gather_bytes_to_root) and appends them to the trace file, so a rank holds at most
 those steps' events, and rank 0 one such chunk per rank, whatever the number of steps. The file
-is written under a temporary name in the trace's folder (`.t.json.tmp-XXXXXXXX`, like
+is written under a temporary name in the trace's folder (`.t.json.tmp-<host>-<pid>-XXXXXXXX`,
 zerompi/checkpoint/atomic.py) and renamed onto --trace at the end: a reader sees one complete
 Chrome trace or none. A run that stops early (diverged, preempted, interrupted) removes the
-temporary file and writes no trace; a killed one may leave it.
+temporary file and writes no trace; a killed one leaves it, and the next run writing that trace
+removes it.
 
 The trace is a side file: a folder where it cannot be created is bad input (set-up), but a write
 that fails later (a full disk) costs one warning line from rank 0, the temporary file is removed,

@@ -196,7 +196,15 @@ def predict(args, parser):
 def calibrate_main(argv):
     args = calibrate_parser().parse_args(argv)
     from mpi4py import MPI
+    from ..checkpoint.weights import check_writable
+    from ..comm import init_mpi
     from .calibrate import calibrate, write_calibration
+    init_mpi()
+    error = check_writable(args.out, "the calibration") if MPI.COMM_WORLD.Get_rank() == 0 else None
+    if MPI.COMM_WORLD.bcast(error):               # before a minute of measuring: the output must be a file
+        if error:
+            print(f"zerompi: error: {error}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     result = calibrate()
     error = None
     if MPI.COMM_WORLD.Get_rank() == 0:

@@ -37,8 +37,10 @@ import numpy as np                    # noqa: E402
 
 from .. import layers                               # noqa: E402
 from ..adam import AdamConfig, AdamW                # noqa: E402
+from ..checkpoint.atomic import atomic_file         # noqa: E402
 from ..comm import Communicator                     # noqa: E402
 from ..engine import build_engine                   # noqa: E402
+from ..inputs import read_whole                     # noqa: E402
 from ..ledger import GRADS, MemoryLedger            # noqa: E402
 from ..precision import precision_for               # noqa: E402
 from ..step import train_step                       # noqa: E402
@@ -196,28 +198,32 @@ def calibrate():
 
 
 def write_calibration(result, path):
-    """Atomically: a temporary file beside `path`, then a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    """Atomically (zerompi/checkpoint/atomic.py: a temporary file beside `path`, then a rename)."""
+    with atomic_file(path, "w") as f:
         json.dump(result, f, indent=1)
-    os.replace(tmp, path)
 
 
 def read_calibration(path):
     """The Machine a calibration file describes; CalibrationError (one line) if it is not one."""
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(read_whole(path, _unreadable, "a calibration file"))
     except OSError as e:
         raise CalibrationError(f"cannot read the calibration {path}: {e.strerror}") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise CalibrationError(f"{path} is not a calibration file (not JSON: {e})") from None
+    except RecursionError:
+        raise CalibrationError(f"{path} is not a calibration file (JSON nested too deeply)") from None
     try:
         return machine_from(data)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         detail = f"missing {e}" if isinstance(e, KeyError) else str(e)
         raise CalibrationError(f"{path} is not a usable calibration file ({detail}); "
                                f"write one with `python -m zerompi.plan calibrate`") from None
+
+
+def _unreadable(message):
+    """CalibrationError for read_whole's message (which names the file)."""
+    return CalibrationError(f"cannot read the calibration {message}")
 
 
 def _positive(value, what):

@@ -74,7 +74,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from ..inputs import open_regular
+from ..inputs import read_whole
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -138,11 +138,10 @@ def flags_from_file(path, deepspeed, known_flags, command_line):
     """Command-line flags [--name, value, ...] for the TOML file at path (deepspeed False) or the
     DeepSpeed JSON at path (True); known_flags: {long flag name (without the dashes): the type of its
     value, bool for a --x/--no-x switch}; command_line: what a DeepSpeed file is read against."""
-    with open_regular(path, _unreadable) as f:
-        try:
-            text = f.read()
-        except OSError as e:
-            raise ConfigFileError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        text = read_whole(path, _unreadable, "a config file")
+    except OSError as e:
+        raise ConfigFileError(f"cannot read config file {path}: {e.strerror or e}") from None
     try:
         table = json.loads(text) if deepspeed else tomllib.loads(text.decode())
     except (ValueError, UnicodeDecodeError) as e:
@@ -158,7 +157,7 @@ def flags_from_file(path, deepspeed, known_flags, command_line):
 
 
 def _unreadable(message):
-    """ConfigFileError for open_regular's message (which names the file)."""
+    """ConfigFileError for read_whole's message (which names the file)."""
     return ConfigFileError(f"cannot read config file {message}")
 
 
