@@ -136,6 +136,17 @@ def test_a_fifo_is_refused_without_blocking(tmp_path, no_hang, flag, name):
     assert choices_before_mpi(["--config", str(fifo)]).device == TrainConfig.device   # the peek before MPI starts
 
 
+@pytest.mark.parametrize("flag, name", [("--config", "run.toml"), ("--deepspeed-config", "ds.json")])
+def test_a_config_file_larger_than_a_megabyte_is_refused_before_it_is_read(tmp_path, no_hang, flag, name):
+    """A 1 GB sparse TOML took a minute and 2 GB per rank before its error (a MemoryError
+    traceback under a memory limit)."""
+    big = tmp_path / name
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)
+    assert error_of([flag, str(big)]) == f"cannot read config file {big}: larger than 1.0 MB, too large for a config file"
+    assert choices_before_mpi(["--config", str(big)]).device == TrainConfig.device
+
+
 @pytest.mark.parametrize("name, text", [("deep.json", "[" * 100_000 + "]" * 100_000),
                                         ("deep.json", '{"a": ' * 5000 + "1" + "}" * 5000),
                                         ("deep.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n"),
