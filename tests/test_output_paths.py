@@ -102,3 +102,27 @@ def test_save_weights_must_be_named_as_the_npz_it_writes(tmp_path, monkeypatch, 
         f"--save-weights {name} writes a consolidated .npz, so its name must end in .npz (for safetensors: "
         f"--save-dir, then python -m zerompi.checkpoint export CKPT OUT.safetensors)")
     assert verdict("--save-weights", "w.npz") is None
+
+
+@pytest.mark.parametrize("checkpoint_file", ["ck/step_00000004/manifest.json", "ck/step_00000004/rank00000.params.npy",
+                                             "ck/latest", "ck/.partial-step_00000006/x"])
+@pytest.mark.parametrize("flag", ["--metrics", "--save-weights", "--trace"])
+def test_an_output_hard_linked_to_a_checkpoint_file_is_refused(inputs, flag, checkpoint_file):
+    """`ln ck/step_00000004/manifest.json m.jsonl` and --resume --metrics m.jsonl appended the
+    metrics into the checkpoint being resumed (exit 0): outputs were compared with the checkpoints
+    by path only."""
+    os.makedirs("ck/step_00000004")
+    os.makedirs("ck/.partial-step_00000006")
+    for name in ("step_00000004/manifest.json", "step_00000004/rank00000.params.npy", "latest",
+                 ".partial-step_00000006/x"):
+        (inputs / "ck" / name).write_text("{}")
+    os.link(checkpoint_file, "out.npz")
+    line = verdict("--save-dir", "ck", "--resume", flag, "out.npz")
+    assert line == (f"{flag} out.npz is {checkpoint_file} (a hard link): writing it would destroy the checkpoint "
+                    f"file; choose another path"), line
+    if checkpoint_file.startswith("ck/step_00000004/"):
+        line = verdict("--resume", "ck/step_00000004", flag, "out.npz")
+        assert line and f"is {checkpoint_file} (a hard link)" in line, line
+    os.unlink("out.npz")
+    os.link("w.npz", "out.npz")                                    # another name of a file that is no checkpoint's
+    assert verdict("--save-dir", "ck", "--resume", flag, "out.npz") is None

@@ -107,6 +107,36 @@ def replaces_checkpoint_file(path, save_dir, folder=None):
     return None
 
 
+def hard_link_of(path, save_dir, folder=None):
+    """The checkpoint file that `path`, an existing file with other names (hard links), is another
+    name of: in save_dir's `latest`, `.lock`, step folders and partial saves, or in the checkpoint
+    folder `folder`; compared by (st_dev, st_ino). Else None (also for a path that does not exist)."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    if status.st_nlink < 2:                       # no other name: no other file's
+        return None
+    roots = [os.path.join(save_dir, name) for name in _names(save_dir)
+             if name in (LATEST, LOCK) or name.startswith(PARTIAL) or step_of(name)] if save_dir else []
+    for root in roots + ([folder] if folder else []):
+        for found in [root] + [os.path.join(top, name) for top, _, names in os.walk(root) for name in names]:
+            try:
+                other = os.stat(found)
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == (status.st_dev, status.st_ino) and not os.path.isdir(found):
+                return found
+    return None
+
+
+def _names(folder):
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
 def shard_file_name(rank, kind):
     return f"rank{rank:05d}.{kind}.npy"
 

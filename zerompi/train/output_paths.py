@@ -2,12 +2,12 @@
 
 output_overwrites_input(cfg) checks the outputs (--save-weights, --metrics, --trace, --tensorboard,
 --save-dir's checkpoints) against the inputs (--data, --init-weights, --config, --deepspeed-config),
-against each other and against the checkpoint folders, before anything is written: one line for
-config.py's check_config, or None.
+against each other and against the checkpoint folders (by path, and by device and inode: a hard
+link), before anything is written: one line for config.py's check_config, or None.
 """
 import os
 
-from ..checkpoint.files import replaces_checkpoint_file
+from ..checkpoint.files import hard_link_of, replaces_checkpoint_file
 from .data import BUILTIN_DATA
 
 
@@ -41,6 +41,10 @@ def output_overwrites_input(cfg):
                    (resumed and replaces_checkpoint_file(path, os.path.dirname(os.path.abspath(resumed)), resumed)))
         if problem:
             return f"{flag} {problem}: write it elsewhere"
+        linked = hard_link_of(path, cfg.save_dir, resumed)
+        if linked:
+            return (f"{flag} {path} is {linked} (a hard link): writing it would destroy the checkpoint file; "
+                    f"choose another path")
     if cfg.tensorboard and any(folder and os.path.realpath(cfg.tensorboard) == os.path.realpath(folder)
                                for folder in (cfg.save_dir, resumed)):
         return f"--tensorboard {cfg.tensorboard} is a checkpoint folder: write the events elsewhere"
