@@ -481,13 +481,25 @@ def test_a_hand_edited_adam_steps_is_refused_and_a_version_1_manifest_resumes_wi
 # `latest`: a failed write keeps the checkpoint; resume finds the newest verified one
 # ----------------------------------------------------------------------------------------------
 
+LATEST_WRITE_FAILS = """
+import errno, os, sys
+import zerompi.checkpoint.save as save
+write = save.write_text_atomically
+def write_but_latest(path, text):                  # an I/O error just when `latest` is rewritten
+    if os.path.basename(path) == "latest":
+        raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+    return write(path, text)
+save.write_text_atomically = write_but_latest
+from zerompi.train.run import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_a_failed_write_of_latest_keeps_the_checkpoint_and_resume_finds_it(tmp_path):
     train_ok(2, "--steps", 2, *COMMON, "--save-dir", "ck", cwd=tmp_path)
     save_dir = tmp_path / "ck"
-    os.unlink(save_dir / "latest")
-    (save_dir / "latest").mkdir()                  # os.replace onto it fails: `latest` cannot be written
-    (save_dir / "latest" / "keep").write_text("")
-    run = launch(2, "--steps", 4, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path, timeout=60)
+    run = launch(2, "--steps", 4, *COMMON, "--save-dir", "ck", "--resume", cwd=tmp_path, timeout=60,
+                 program=("-c", LATEST_WRITE_FAILS))
     line = fails_once(run, 2, f"ck/{STEP4}", "ck/latest")
     assert "incomplete" not in line and "cannot complete" not in line, run.describe()
     assert "complete" in line, run.describe()

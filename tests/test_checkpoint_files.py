@@ -596,12 +596,6 @@ def _latest_replaced(make):
     return replace
 
 
-def _latest_symlinked_step(save_dir):
-    shutil.copytree(save_dir / STEP, save_dir.parent / "elsewhere")
-    os.symlink(save_dir.parent / "elsewhere", save_dir / "step_00000009")
-    (save_dir / "latest").write_text("step_00000009\n")
-
-
 UNUSABLE_LATEST = [
     # id, make `latest` unusable, what the one line naming ck/latest says
     ("outside", _latest_outside, "'../elsewhere'"),
@@ -612,7 +606,6 @@ UNUSABLE_LATEST = [
     ("empty", _write_latest(""), "''"),
     ("a-folder", _latest_replaced(os.mkdir), "is a folder"),
     ("a-fifo", _latest_replaced(os.mkfifo), "FIFO"),
-    ("symlinked-step-folder", _latest_symlinked_step, "symbolic link"),
 ]
 
 
@@ -627,6 +620,73 @@ def test_an_unusable_latest_is_named_and_the_newest_verified_checkpoint_is_used(
     assert result.returncode == 0 and f"ck/{STEP}: step 6 " in result.stdout, describe(result)
     notes = [line for line in result.stdout.splitlines() if "ck/latest" in line]
     assert len(notes) == 1 and says in notes[0] and f"using ck/{STEP}" in notes[0], describe(result)
+
+
+RESUME = ["--stage", 3, "--dtype", "float32", *COMMON, "--save-dir", "ck", "--resume", "--save-weights", "w.npz"]
+
+
+@pytest.mark.parametrize("kind", ["folder", "link-to-a-folder"])
+def test_a_latest_that_is_a_folder_or_a_link_costs_one_line_and_the_run_ends_0(kind, checkpoints, tmp_path):
+    """A folder (or a link to one) named `latest` ended every run with --save-dir in exit 2 after
+    all the training, without --save-weights and without rotation."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    os.unlink(save_dir / "latest")
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "keep.txt").write_text("not zerompi's")
+    if kind == "folder":
+        shutil.copytree(tmp_path / "theirs", save_dir / "latest")
+    else:
+        os.symlink(tmp_path / "theirs", save_dir / "latest")
+    run = launch(2, *RESUME, "--steps", 8, cwd=tmp_path)
+    assert run.returncode == 0 and ERROR_MARK not in run.output, run.describe()
+    assert f"resumed from ck/{STEP} at step 6" in run.output, run.describe()
+    assert (tmp_path / "w.npz").exists() and (save_dir / "step_00000008").is_dir()
+    assert (tmp_path / "theirs" / "keep.txt").read_text() == "not zerompi's"
+    if kind == "folder":                           # not zerompi's to replace: named, and left alone
+        assert (save_dir / "latest" / "keep.txt").exists()
+        assert "ck/latest is a folder" in run.output, run.describe()
+    else:                                          # a link in zerompi's place: replaced by the pointer
+        assert not os.path.islink(save_dir / "latest")
+        assert (save_dir / "latest").read_text() == "step_00000008\n"
+
+
+def test_a_symlinked_step_folder_that_latest_names_is_followed_and_never_rotated(checkpoints, tmp_path):
+    """A checkpoint moved to another disk and linked back: `latest` naming it resumed silently from
+    an older checkpoint (exit 0)."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    os.rename(save_dir / STEP, tmp_path / "other-disk")
+    os.symlink(tmp_path / "other-disk", save_dir / STEP)
+    before = snapshot(tmp_path / "other-disk")
+    run = launch(2, *RESUME, "--steps", 8, "--keep-last", 1, cwd=tmp_path)
+    assert run.returncode == 0 and ERROR_MARK not in run.output, run.describe()
+    assert f"resumed from ck/{STEP} at step 6" in run.output, run.describe()
+    assert snapshot(tmp_path / "other-disk") == before and os.path.islink(save_dir / STEP)
+    assert (save_dir / "latest").read_text() == "step_00000008\n"
+
+
+def test_a_symlinked_step_folder_that_does_not_verify_stops_the_run_naming_it(checkpoints, tmp_path):
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    shutil.copytree(save_dir / STEP, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", save_dir / "step_00000009")        # step 6's files, step 9's name
+    (save_dir / "latest").write_text("step_00000009\n")
+    run = launch(2, *RESUME, "--steps", 12, cwd=tmp_path)
+    assert run.returncode == 2 and run.output.count(ERROR_MARK) == 1, run.describe()
+    assert "step_00000009" in run.output and "step 6, but the folder is step 9" in run.output, run.describe()
+
+
+def test_stray_partial_entries_are_removed_at_start_under_the_lock(checkpoints, tmp_path):
+    """A stray .partial-step_N file or link made the save fail after all the training, and
+    --save-weights was lost; what a link points to is never removed."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    (save_dir / ".partial-step_00000008").write_text("stray")
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "keep.txt").write_text("not zerompi's")
+    os.symlink(tmp_path / "theirs", save_dir / ".partial-step_00000010")
+    run = launch(2, *RESUME, "--steps", 10, "--save-every", 2, cwd=tmp_path)
+    assert run.returncode == 0 and ERROR_MARK not in run.output, run.describe()
+    assert (save_dir / "latest").read_text() == "step_00000010\n" and (tmp_path / "w.npz").exists()
+    assert (tmp_path / "theirs" / "keep.txt").read_text() == "not zerompi's"
+    assert not [name for name in os.listdir(save_dir) if name.startswith(".partial-")]
 
 
 def _newest_edited(save_dir):

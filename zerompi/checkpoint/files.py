@@ -178,12 +178,14 @@ def unverified_note(folder, manifest):
 # Finding a checkpoint in a save directory
 # ----------------------------------------------------------------------------------------------
 
-def step_folder_problem(save_dir, name):
-    """Why save_dir/name is not a step folder zerompi could have written (a phrase), or None."""
+def step_folder_problem(save_dir, name, links=False):
+    """Why save_dir/name is not a step folder zerompi could have written (a phrase), or None.
+    links: a symbolic link to a folder counts (to read from: a checkpoint moved to another disk and
+    linked back); rotation leaves it False, so that it never deletes through a link."""
     if step_of(name) is None:
         return f"which is not a checkpoint folder (step_XXXXXXXX[.K]) of {save_dir}"
     path = os.path.join(save_dir, name)
-    if os.path.islink(path):
+    if os.path.islink(path) and not links:
         return "a symbolic link, not a checkpoint folder zerompi wrote"
     if not os.path.isdir(path):
         return "which is not a folder" if os.path.lexists(path) else "which does not exist"

@@ -6,6 +6,9 @@
     the newest step folder whose manifest        when `latest` is missing or unusable (a FIFO,
     verifies (zerompi/checkpoint/files.py)       a folder, a name outside the save directory)
 
+A step folder may be a symbolic link to a folder (a checkpoint moved to another disk and linked
+back): it is read like the others, and its manifest must verify; rotation never removes it.
+
 Each departure from `latest` is said in one line; a `latest` naming a damaged checkpoint stops
 the run with one line instead: nothing is skipped silently.
 """
@@ -26,7 +29,7 @@ def latest_checkpoint(save_dir):
             name = f.read(256).strip()
     except UnicodeDecodeError:
         raise CheckpointError(f"{pointer}: not text: not a pointer to a checkpoint") from None
-    problem = step_folder_problem(save_dir, name)
+    problem = step_folder_problem(save_dir, name, links=True)
     if problem:
         shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)}+ characters)"
         raise CheckpointError(f"{pointer}: names {shown}, {problem}")
@@ -42,7 +45,7 @@ def verified_step_folders(save_dir):
         return {}
     found = {}
     for name in names:
-        if step_folder_problem(save_dir, name) is None:
+        if step_folder_problem(save_dir, name, links=True) is None:
             try:
                 manifest = read_manifest(os.path.join(save_dir, name))
             except CheckpointError:

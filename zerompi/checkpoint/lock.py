@@ -132,12 +132,17 @@ def take_lock(save_dir):
 
 
 def remove_stale_partials(save_dir):
-    """Remove the .partial-step_* folders of saves that never completed (call under the lock)."""
+    """Remove the .partial-step_* entries of saves that never completed (call under the lock): a
+    folder with what it holds; a file or a symbolic link itself (never what the link points to).
+    A save would otherwise fail on its name after all the training."""
     for name in os.listdir(save_dir):
         path = os.path.join(save_dir, name)
-        if name.startswith(PARTIAL) and step_of(name[len(PARTIAL):]) and not os.path.islink(path) \
-                and os.path.isdir(path):
+        if not (name.startswith(PARTIAL) and step_of(name[len(PARTIAL):])):
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
+        else:
+            os.unlink(path)
 
 
 def _create(path, me):

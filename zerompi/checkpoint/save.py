@@ -145,9 +145,11 @@ def complete(save_dir, partial, name, manifest, keep_last):
         return f"cannot complete checkpoint {os.path.join(save_dir, name)}: {e.strerror or e}", None
     folder, latest = os.path.join(save_dir, published), os.path.join(save_dir, LATEST)
     try:
-        if os.path.lexists(latest) and not os.path.isfile(latest) and not os.path.isdir(latest):
-            os.unlink(latest)        # a FIFO or a link where zerompi keeps `latest`: replaced (under the lock)
-        write_text_atomically(latest, published + "\n")
+        if os.path.islink(latest) or (os.path.lexists(latest) and not os.path.isfile(latest)
+                                      and not os.path.isdir(latest)):
+            os.unlink(latest)        # a link or a FIFO where zerompi keeps `latest`: replaced (under the lock)
+        if not os.path.isdir(latest):    # a folder there is not zerompi's: left alone (said at the start)
+            write_text_atomically(latest, published + "\n")
     except OSError as e:
         return (f"checkpoint {folder} is complete, but {latest} could not be rewritten to name it "
                 f"({e.strerror or e}); --resume finds it all the same"), published

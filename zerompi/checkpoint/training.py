@@ -20,7 +20,7 @@ import numpy as np
 
 from ..devices.device import to_numpy
 from .weights import WeightsError, read_weights
-from .files import CheckpointError
+from .files import LATEST, CheckpointError
 from .find import find_checkpoint
 from .load import load_checkpoint
 from .lock import remove_stale_partials, take_lock
@@ -97,6 +97,11 @@ def claim_save_dir(cfg):
     try:
         note = take_lock(cfg.save_dir)
         remove_stale_partials(cfg.save_dir)
+        latest = os.path.join(cfg.save_dir, LATEST)
+        if os.path.isdir(latest) and not os.path.islink(latest):
+            note = _lines([note, f"{latest} is a folder, where zerompi keeps the name of the newest checkpoint: it "
+                                 f"is left alone, and checkpoints are saved without it (--resume takes the newest "
+                                 f"one whose manifest checks out)"])
     except CheckpointError as e:
         return str(e), None
     except OSError as e:
