@@ -387,16 +387,20 @@ def test_fp16_resume_from_another_dtype_keeps_the_initial_loss_scale(tmp_path):
 
 
 def test_fp16_resume_before_the_first_applied_step_is_bitwise_exact(tmp_path):
-    """fp16 with a huge loss scale skips its first steps; a checkpoint taken then holds the initial
-    16-bit parameters, which the resumed run must reproduce bit for bit."""
+    """fp16 with a huge loss scale skips its first steps (about 13 of them, halving the scale each
+    time); a checkpoint taken then holds the initial 16-bit parameters and the lowered scale, from
+    which the resumed run must skip just as many and then apply the same updates, bit for bit.
+    (With 12 steps, every one of them skipped, both runs ended on the initial weights: a resume that
+    restored nothing passed.)"""
     flags = ["--dtype", "fp16", "--loss-scale", 2.0 ** 30, "--stage", 2, *COMMON]
-    train_ok(2, "--steps", 12, *flags, "--save-weights", "straight.npz", cwd=tmp_path)
-    train_ok(2, "--steps", 1, *flags, "--save-dir", "ck", cwd=tmp_path)
-    assert manifest_of(tmp_path / "ck" / "step_00000001")["adam_steps"] == 0
-    train_ok(2, "--steps", 12, *flags, "--save-dir", "ck", "--resume", "--save-weights", "resumed.npz",
-             cwd=tmp_path)
-    assert_bitwise_equal(load_weights(tmp_path / "resumed.npz"), load_weights(tmp_path / "straight.npz"),
-                         "fp16 resumed before the first applied step")
+    train_ok(2, "--steps", 24, *flags, "--save-weights", "straight.npz", cwd=tmp_path)
+    skipped = launch(2, "--steps", 1, *flags, "--save-dir", "ck", "--save-weights", "initial.npz", cwd=tmp_path)
+    assert skipped.returncode == 3 and "the last step was skipped" in skipped.output, skipped.describe()
+    assert manifest_of(tmp_path / "ck" / "step_00000001")["adam_steps"] == 0      # checkpointed all the same
+    train_ok(2, "--steps", 24, *flags, "--save-dir", "ck", "--resume", "--save-weights", "resumed.npz", cwd=tmp_path)
+    straight, initial = load_weights(tmp_path / "straight.npz"), load_weights(tmp_path / "initial.npz")
+    assert any(not np.array_equal(straight[name], initial[name]) for name in straight), "no step was applied"
+    assert_bitwise_equal(load_weights(tmp_path / "resumed.npz"), straight, "fp16 resumed before the first applied step")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -288,19 +288,24 @@ def test_an_update_that_makes_the_parameters_non_finite_is_divergence(dtype, ste
     assert os.listdir(tmp_path) == []               # no weights, no trace, no temporary file
 
 
-def test_data_that_overflows_the_first_forward_is_not_blamed_on_the_learning_rate(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "fp16"])
+def test_data_that_overflows_the_first_forward_is_not_blamed_on_the_learning_rate(dtype, tmp_path):
     """x = 3e38 is finite in float32, but the first forward overflows: before any update, so the
-    advice "lower --lr" was false."""
+    advice "lower --lr" was false. In fp16 a loss that is not finite is no gradient overflow
+    either, which a smaller loss scale would cure: it was "skipped" as one."""
     x = np.random.default_rng(0).standard_normal((64, 4))
     x[0, 1] = 3e38
+    if dtype == "fp16":                 # its forward runs in float32: rows that overflow even there
+        x[0], x[1] = 3e38, -3e38
     np.savez(tmp_path / "big.npz", x=x, y=np.arange(64) % 3)
     run = launch(2, "--data", "big.npz", "--no-shuffle", "--steps", 3, "--hidden", 8, "--batch-size", 16,
-                 "--log-every", 0, "--report", "none", cwd=tmp_path)
+                 "--dtype", dtype, "--log-every", 0, "--report", "none", cwd=tmp_path)
     assert run.returncode == 3, run.describe()
     lines = error_lines(run)
     assert len(lines) == 1 and lines[0].startswith("zerompi: error: step 1: "), run.describe()
     assert "lower --lr" not in lines[0] and "before any update" in lines[0], run.describe()
     assert "the data or the initial weights" in lines[0], run.describe()
+    assert ("before any loss scaling" in lines[0]) == (dtype == "fp16"), run.describe()
 
 
 def test_finite_weights_whose_held_out_predictions_overflow_give_no_accuracy(tmp_path):
@@ -401,3 +406,36 @@ def test_the_watcher_decides_only_what_ends_the_run_and_only_what_the_main_threa
     while not ended and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ended == ["SIGTERM during start-up: ending the run"]
+
+
+FP16_FORWARD_OVERFLOWS = ["--dtype", "fp16", "--lr", 3e4, "--lr-schedule", "constant", "--warmup-steps", 0,
+                          "--steps", 12, "--hidden", "8,8", "--batch-size", 16, "--log-every", 0, "--report", "none"]
+
+
+def test_an_fp16_forward_pass_beyond_float16_skipping_every_step_is_not_a_success(tmp_path):
+    """The weights after one step of --lr 3e4 fit float16, but the activations do not: every later
+    step was "a gradient overflow: step skipped" until the run ended, exit 0 at 6% accuracy."""
+    run = launch(2, *FP16_FORWARD_OVERFLOWS, "--save-weights", "w.npz", cwd=tmp_path)
+    assert run.returncode == 3, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and "the last 10 steps were all skipped for a gradient overflow" in lines[0], \
+        run.describe()
+    assert "have not changed since step 1" in lines[0], run.describe()
+    assert "held-out accuracy" not in run.output and os.path.exists(tmp_path / "w.npz")   # the last good weights
+
+
+def test_a_run_whose_last_steps_were_all_skipped_is_not_a_success(tmp_path):
+    """A loss scale of 2^60 overflows every gradient for 44 steps while the loss stays finite: a run
+    that applied none of its last 10 steps (here: none of its 12) ended with exit 0."""
+    run = launch(2, "--dtype", "fp16", "--loss-scale", 2.0 ** 60, "--steps", 12, "--hidden", 8, "--batch-size", 16,
+                 "--log-every", 0, "--report", "none", "--save-weights", "w.npz", cwd=tmp_path)
+    assert run.returncode == 3, run.describe()
+    lines = error_lines(run)
+    assert len(lines) == 1 and "the last 10 steps were all skipped for a gradient overflow" in lines[0], run.describe()
+    assert "held-out accuracy" not in run.output, run.describe()
+    few = launch(2, "--dtype", "fp16", "--loss-scale", 2.0 ** 60, "--steps", 4, "--hidden", 8, "--batch-size", 16,
+                 "--log-every", 0, "--report", "none", cwd=tmp_path)
+    assert few.returncode == 3 and "the last 4 steps were all skipped" in few.output, few.describe()
+    healthy = launch(2, "--dtype", "fp16", "--steps", 12, "--hidden", 8, "--batch-size", 16, "--log-every", 0,
+                     "--report", "none", cwd=tmp_path)
+    assert healthy.returncode == 0, healthy.describe()       # some steps skipped early is normal: exit 0

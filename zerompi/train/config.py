@@ -29,7 +29,7 @@ from .output_paths import output_overwrites_input
 from .version import version_text
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import EXIT_MEANINGS, ExitCode
-from ..precision import DTYPE_NAMES
+from ..precision import DTYPE_NAMES, precision_for
 from .schedule import SCHEDULES
 
 
@@ -380,6 +380,11 @@ def check_config(cfg, num_ranks):
         return f"--beta1 and --beta2 must be in [0, 1), got {cfg.beta1} and {cfg.beta2}"
     if not cfg.eps > 0:
         return f"--eps must be positive, got {cfg.eps}"
+    compute = precision_for(cfg.dtype).compute                # where Adam adds eps (zerompi/adam.py)
+    if compute.type(cfg.eps * math.sqrt(1.0 - cfg.beta2)) == 0 or compute.type(cfg.eps) == 0:
+        return (f"--eps {cfg.eps!r} vanishes in {compute.name}: Adam adds eps sqrt(1 - beta2^t) "
+                f"({cfg.eps * math.sqrt(1.0 - cfg.beta2):.3g} at step 1), which rounds to 0 there, and an element "
+                f"whose gradient is 0 then divides 0 by 0: pass a larger --eps (the default is {TrainConfig.eps:g})")
     if not 0 <= cfg.min_lr <= cfg.lr:
         return f"--min-lr must be in [0, --lr], got {cfg.min_lr}"
     if cfg.clip_norm < 0:

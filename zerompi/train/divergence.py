@@ -1,9 +1,11 @@
 """A diverged run stops: one error line naming where the first non-finite number was, the last
 good weights saved where --save-weights is set, and every rank exits DIVERGED (zerompi/exit_codes.py).
 
-Outside fp16 a step whose loss or gradient is not finite is not applied (zerompi/step.py), and the
-run stops at once; in fp16 such a step lowers the loss scale instead (zerompi/train/loss_scale.py),
-and the run stops when the scale falls below --min-loss-scale.
+A step whose loss or gradient is not finite is not applied (zerompi/step.py). Outside fp16 the run
+stops at once; so it does in fp16 when the loss itself is not finite (the forward pass overflowed,
+before the loss is scaled: no loss scale helps). In fp16 a gradient that overflows lowers the loss
+scale instead (zerompi/train/loss_scale.py), and the run stops when the scale falls below
+--min-loss-scale, or when its last 10 steps (all, if fewer) were all skipped (run.py).
 
 Non-finite parameters: an update can take them past the storage dtype's range (float16 ends at
 65504; an --lr of 1e300 overflows any dtype). The next step's loss and gradient are then not
@@ -18,10 +20,11 @@ from ..checkpoint.weights import save_weights
 from ..exit_codes import ExitCode
 
 
-def not_finite_message(step, result, comm):
+def not_finite_message(step, result, comm, loss_scaled=False):
     """Collective: what was not finite at this step, where first: the layer (the first one whose
     gradient is not finite, the same verdict on every rank) and the lowest rank whose own part of
-    the loss is not finite; and what to try."""
+    the loss is not finite; and what to try. loss_scaled: fp16, whose loss scale cannot help a loss
+    that is not finite (the forward pass overflowed before the loss is scaled)."""
     if result.bad_layer >= 0:
         grad = f"the gradient is not finite, first in layer {result.bad_layer} (layers.{result.bad_layer}.*)"
     elif not math.isfinite(result.grad_norm):
@@ -31,6 +34,10 @@ def not_finite_message(step, result, comm):
     rank = comm.first_failing_rank(None if result.local_loss_finite else "loss")
     loss = (f"the loss is {result.loss:g}" if rank is None else
             f"the loss is not finite ({result.loss:g}), first on rank {rank}")
+    if loss_scaled and rank is not None:     # fp16: not a gradient overflow, which a smaller scale would help
+        advice = ("before any update, so the data or the initial weights are too large for the compute dtype: "
+                  "check their scale" if step == 1 else "lower --lr or train in bf16")
+        return f"step {step}: {loss}, before any loss scaling, which cannot help: {advice}"
     if step == 1:                    # no update yet: the learning rate played no part
         return (f"step 1: {grad}; {loss}: before any update, so the data or the initial weights are too "
                 f"large for the compute dtype: check their scale")

@@ -32,6 +32,7 @@ COLLECTIVE_TIMEOUT 6 a collective waited past --collective-timeout (zerompi/obse
 once announced, the job never exits 0); FAILED 1 an unexpected failure (traceback, one line
 naming the rank, MPI_Abort).
 """
+import math
 import os
 import sys
 import textwrap
@@ -167,6 +168,7 @@ def start_metrics(cfg, comm, engine, restarts):
 
 
 HEADER_WIDTH = 80
+SKIPPED_AT_THE_END = 10      # fp16: a run whose last 10 steps (all, if fewer) were skipped ends DIVERGED
 
 
 def print_header(state, sizes, note):
@@ -214,22 +216,29 @@ def train_loop(state, signals):
         checkpoint(state, step + 1, signals)
     engine.stage.finish_communication()                      # the last step's all-gathers
     stop_if_parameters_not_finite(engine, cfg, cfg.steps, state.status)   # the last update: no step checked it
+    skipped = min(SKIPPED_AT_THE_END, cfg.steps - state.first_step)
+    if skipped and state.scaler.skipped_in_a_row >= skipped:  # fp16: nothing learnt at the end is no success
+        last = "the last step was" if skipped == 1 else f"the last {skipped} steps were all"
+        stop(engine, cfg, f"{last} skipped for a gradient overflow (the loss scale is "
+                          f"{state.scaler.scale:g} now): the weights have not changed since step "
+                          f"{cfg.steps - state.scaler.skipped_in_a_row}; lower --lr, or train in bf16", state.status)
     signals.leave_loop()
     return time.perf_counter() - start
 
 
 def scale_or_stop(state, done, result):
     """The fp16 loss scale's update (printed when it changes), and the stop on divergence: a step
-    not applied because the parameters are not finite (any dtype), or outside fp16 (not finite),
-    or an fp16 loss scale below --min-loss-scale."""
+    not applied because the parameters are not finite (any dtype), or because the loss is not
+    finite (any dtype: in fp16 too, where no loss scale helps a forward pass that overflows), or
+    outside fp16 the gradient; or an fp16 loss scale below --min-loss-scale."""
     cfg, scaler = state.cfg, state.scaler
     if not result.applied:                                   # every rank alike: the check is collective
         stop_if_parameters_not_finite(state.engine, cfg, done, state.status)
+    if not result.applied and (not scaler.enabled or not math.isfinite(result.loss)):    # no scale helps
+        stop(state.engine, cfg, not_finite_message(done, result, state.comm, scaler.enabled), state.status)
     event = scaler.update(result.applied)
     if event:
         state.comm.print0(f"step {done}: {event}", file=state.out)
-    if not result.applied and not scaler.enabled:
-        stop(state.engine, cfg, not_finite_message(done, result, state.comm), state.status)
     if scaler.collapsed:
         stop(state.engine, cfg, f"step {done}: the fp16 loss scale fell to {scaler.scale:g}, below "
                                 f"--min-loss-scale {cfg.min_loss_scale:g}: gradients keep overflowing",
