@@ -275,6 +275,8 @@ BAD_INPUTS = [
     ("save-weights-no-folder", ["--save-weights", "nowhere/w.npz"], "does not exist", None, (2, 1)),
     ("seed-negative", ["--seed", -1], "--seed must be >= 0", None, (2,)),
     ("eps-vanishes-in-float32", ["--eps", 1e-50], "--eps 1e-50 vanishes in float32", None, (2,)),
+    ("classes-5e18", ["--classes", 5000000000000000000], "more than any machine can address", None, (2,)),
+    ("hidden-1e21", ["--hidden", 10 ** 21], "more than any machine can address", None, (2,)),
     ("eps-vanishes-in-bf16", ["--eps", 1e-50, "--dtype", "bf16"], "--eps 1e-50 vanishes in float32", None, (2,)),
     ("eps-vanishes-in-float64", ["--eps", 5e-324, "--dtype", "float64"], "--eps 5e-324 vanishes in float64",
      None, (2,)),
@@ -470,8 +472,34 @@ def test_help_and_version_work_where_mpi_cannot_start(tmp_path):
         assert run.stdout.startswith(says), run.stdout
         assert "mpi4py.MPI" not in run.stderr                      # -X importtime lists every import
     dry = subprocess.run([sys.executable, "-m", "zerompi.train", "--dry-run", "--ranks", "2"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)    # loads the MPI library, never starts it
+                         capture_output=True, text=True, timeout=60)    # needs no MPI
     assert dry.returncode == 0 and dry.stdout.startswith("zerompi dry run: MLP 64-128-128-10"), dry.stderr[-2000:]
+    assert files_under(tmp_path) == []
+
+
+NO_MPI_LIBRARY = {"MPI4PY_LIBMPI": "/nonexistent/libmpi.so"}     # mpi4py loads no library then
+
+
+@pytest.mark.parametrize("command", [["-m", "zerompi.train", "--steps", 2], ["-m", "zerompi.plan", "calibrate",
+                                                                                 "--out", "m.json"]])
+def test_a_missing_mpi_library_is_one_line_and_the_plans_need_none(command, tmp_path):
+    """Where the MPI library could not be loaded, every command ended in a 35-line traceback, also
+    --dry-run, which the docs say needs no MPI."""
+    env = dict(os.environ, **NO_MPI_LIBRARY)
+    broken = subprocess.run([sys.executable, "-c", "from mpi4py import MPI"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    assert broken.returncode != 0, "this environment loads an MPI library all the same: the test would prove nothing"
+    for launcher in ([], [_mpirun(), "-n", "2"]):
+        run = subprocess.run([*launcher, sys.executable, *map(str, command)], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+        assert run.stderr.count(ERROR_MARK) == 1 and "the MPI library cannot be loaded" in run.stderr, run.stderr
+    for plan in (["-m", "zerompi.train", "--dry-run", "--ranks", 2],
+                 ["-m", "zerompi.plan", "--hidden", 8, "--ranks", 2, "--micro-batch-size", 16, "--gemm-gflops", 1,
+                  "--mem-bandwidth-gbs", 1, "--intra-bandwidth-gbs", 1, "--intra-latency-us", 1]):
+        run = subprocess.run([sys.executable, *map(str, plan)], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0 and "per rank" in run.stdout, run.stderr[-2000:]
     assert files_under(tmp_path) == []
 
 

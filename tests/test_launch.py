@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 from zerompi.devices.cpu import blas_threads
-from zerompi.train.launch import launch_mismatch, launcher_rank
+from zerompi.mpi import launcher_rank
+from zerompi.train.launch import launch_mismatch
 
 
 def test_matching_launch_is_fine():

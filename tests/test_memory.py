@@ -164,6 +164,10 @@ def test_cli_comm_table(capsys):
     ["--params", "7e9", "--ranks", "4", "-2"],
     ["--params", "7e9", "--precision", "fp16"],
     ["--params", "7e9", "--precision", "fp32", "--bytes", "2", "2", "12"],
+    ["--params", "7e9", "--ranks", "100000000000000000000"],             # an OverflowError traceback
+    ["--params", "7e9", "--ranks", "2000000"],
+    ["--params", "7e9", "--ranks-per-node", "8", "--nodes", "10000000"],  # ran out of memory, then killed
+    ["--params", "1e30", "--ranks", "8"],                                 # printed digits without end
     [],
 ])
 def test_cli_bad_input_exits_2(argv, capsys):

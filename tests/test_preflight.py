@@ -144,6 +144,9 @@ def test_dry_run_takes_n_from_the_launcher_and_nodes_from_the_flag():
     (("--ranks", 4, "--ranks-per-node", 5), "--ranks-per-node must be in 1..4, got 5"),
     (("--ranks", 4, "--stage", 0, "--shard-group", 2), "--shard-group shards ZeRO's state: it needs --stage 1, 2 or 3"),
     (("--ranks", 3, "--hidden", "0"), "argument --hidden: widths must be positive integers, got '0'"),
+    (("--ranks", 2, "--hidden", 10 ** 21), "the MLP 64-1000000000000000000000-10 has 7.5e+22 parameters: more "
+                                           "than any machine can address (2^63 bytes hold 5.8e+17 of them at "
+                                           "16 bytes each); choose smaller --hidden or --classes"),
 ])
 def test_dry_run_errors_are_one_line_exit_2(flags, message):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_"))}
@@ -174,6 +177,18 @@ def test_the_search_for_the_fewest_ranks_allocates_next_to_nothing():
         tracemalloc.stop()
     assert message.endswith("no stage fits on up to 1048576 ranks (see --dry-run)")
     assert peak < 32 << 20, f"{peak / 2 ** 20:.0f} MiB"     # 2^20 ranks on one node: an 8 MiB node map
+
+
+def test_a_deep_model_that_fits_nowhere_is_refused_without_searching_for_minutes():
+    """The plan of 2,000 layers at 2^20 ranks took 55 s (each of its 6,000 collectives counted the
+    nodes of 2^20 ranks anew), and the search for the fewest ranks plans some twenty of them: no
+    answer in 300 s. (A bound that tells an answer from a search without end, not a speed.)"""
+    import time
+    shape = replace(WIDE, sizes=(64,) + (8,) * 2000 + (10,), stage=3, num_ranks=2)
+    start = time.monotonic()
+    message = preflight_error(shape, 0, Limited(10 ** 6), 2)
+    assert message.endswith("no stage fits on up to 1048576 ranks (see --dry-run)"), message
+    assert time.monotonic() - start < 120
 
 
 @pytest.mark.parametrize("file_dtype", ["float32", "float64"])

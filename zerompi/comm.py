@@ -40,26 +40,25 @@ to 16 bits once (zerompi/precision.py says why); all-gathers move the 16-bit wor
 The ledger records the buffer that actually went to MPI, so its bytes show the widened reductions.
 
 MPI is initialized when the first Communicator is built, not when this module is imported, so
-that zerompi/devices/choice.py can choose the GPU first.
+that zerompi/devices/choice.py can choose the GPU first; the library itself is loaded at the first
+use of MPI (zerompi/mpi.py), so that what needs no MPI (a plan) runs without one.
 """
 import atexit
 import copy
 import os
 import time
 
-import mpi4py
-mpi4py.rc.initialize = False          # MPI starts in init_mpi(), after the device is chosen
-from mpi4py import MPI                # noqa: E402
-import numpy as np                    # noqa: E402
+import numpy as np
 
-from .control import ControlMessages                # noqa: E402
-from .devices.cpu import CPU                        # noqa: E402
-from .devices.mpi_cuda import cuda_aware            # noqa: E402
-from .devices.staging import DeviceTransport        # noqa: E402
-from .ledger import ALLGATHER, ALLREDUCE, CONTROL, REDUCE_SCATTER, CommLedger   # noqa: E402
-from .nodes import node_of_rank, sends_across_nodes  # noqa: E402
-from .observe.guards import Guards                  # noqa: E402
-from .precision import is_16bit                     # noqa: E402
+from .control import ControlMessages
+from .devices.cpu import CPU
+from .devices.mpi_cuda import cuda_aware
+from .devices.staging import DeviceTransport
+from .ledger import ALLGATHER, ALLREDUCE, CONTROL, REDUCE_SCATTER, CommLedger
+from .mpi import MPI, MpiUnavailable
+from .nodes import node_of_rank, sends_across_nodes
+from .observe.guards import Guards
+from .precision import is_16bit
 
 
 def init_mpi():
@@ -72,9 +71,12 @@ def init_mpi():
 
 def abort_job(exit_code):
     """End every rank of the job with exit_code (MPI_Abort), from any thread; before MPI has
-    started (or after it ended), this process alone."""
-    if MPI.Is_initialized() and not MPI.Is_finalized():
-        MPI.COMM_WORLD.Abort(exit_code)
+    started (or after it ended, or without an MPI library), this process alone."""
+    try:
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_WORLD.Abort(exit_code)
+    except MpiUnavailable:
+        pass
     os._exit(exit_code)
 
 

@@ -18,13 +18,11 @@ None of this is training traffic, so none of it is ledgered; the guards (--check
 """
 import sys
 
-import mpi4py
-mpi4py.rc.initialize = False          # MPI starts with the first Communicator (zerompi/comm.py)
-from mpi4py import MPI                # noqa: E402
-import numpy as np                    # noqa: E402
+import numpy as np
 
-from .exit_codes import ExitCode                   # noqa: E402
-from .ledger import BOOKKEEPING, CONTROL           # noqa: E402
+from .exit_codes import ExitCode
+from .ledger import BOOKKEEPING, CONTROL
+from .mpi import MPI
 
 
 class ControlMessages:

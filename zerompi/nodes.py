@@ -18,10 +18,9 @@ are inter-node exactly when its successor is on another node:
 
     rank   0 --> 1 --> 2 ==> 3 --> 4 --> 5 ==> (0)        ==> leaves the node: ranks 2 and 5
 """
-import mpi4py
-mpi4py.rc.initialize = False          # MPI starts with the first Communicator (zerompi/comm.py)
-from mpi4py import MPI                # noqa: E402
-import numpy as np                    # noqa: E402
+import numpy as np
+
+from .mpi import MPI
 
 
 def node_of_rank(mpi_comm):

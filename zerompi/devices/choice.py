@@ -26,21 +26,13 @@ let the local rank choose (the scripts in slurm/ do).
 """
 import numpy as np
 
+from ..mpi import first_number
 from .cpu import CPU
 from .gpu import GPU
 
 DEVICE_CHOICES = ("auto", "cpu", "gpu")
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID",
                         "PMI_LOCAL_RANK", "SLURM_LOCALID")
-
-
-def first_number(environ, names):
-    """The value of the first of the variables `names` that holds a number, else 0."""
-    for name in names:
-        value = environ.get(name, "")
-        if value.isascii() and value.isdigit():
-            return int(value)
-    return 0
 
 
 def local_rank(environ):

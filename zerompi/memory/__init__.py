@@ -103,6 +103,8 @@ Run `python -m zerompi.memory --params 7e9` for the per-rank table, and
 from dataclasses import dataclass
 
 STAGES = (0, 1, 2, 3)
+MOST_RANKS = 1 << 20                 # the most ranks zerompi tabulates or plans (zerompi/plan/preflight.py)
+MOST_PARAMS = (1 << 63) // 16        # parameters whose mixed-precision state fills 2^63 bytes: no machine holds more
 
 
 @dataclass(frozen=True)

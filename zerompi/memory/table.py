@@ -16,7 +16,8 @@ import argparse
 import math
 import sys
 
-from . import (FP32, MIXED_PRECISION, STAGES, BytesPerParam, comm_elements_per_step, flat_collectives,
+from . import (FP32, MIXED_PRECISION, MOST_PARAMS, MOST_RANKS, STAGES, BytesPerParam, comm_elements_per_step,
+               flat_collectives,
                hpz_collectives, hpz_model_state_bytes, hybrid_collectives, hybrid_model_state_bytes,
                inter_node_per_node, model_state_bytes, ring_traffic_per_rank, wire_bytes)
 from ..exit_codes import ExitCode
@@ -48,6 +49,14 @@ def positive_float(text):
     return value
 
 
+def parameter_count(text):
+    value = positive_float(text)
+    if value > MOST_PARAMS:
+        raise argparse.ArgumentTypeError(f"{text} parameters: more than any machine can address (2^63 bytes "
+                                         f"hold {MOST_PARAMS:.2g} of them at 16 bytes each)")
+    return value
+
+
 def non_negative_float(text):
     value = _parse_float(text)
     if not (value >= 0 and math.isfinite(value)):
@@ -60,8 +69,8 @@ def rank_count(text):
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    if not 1 <= value <= MOST_RANKS:
+        raise argparse.ArgumentTypeError(f"must be an integer in 1..{MOST_RANKS}, got {text!r}")
     return value
 
 
@@ -82,7 +91,7 @@ def _build_parser():
                     "With --ranks-per-node: the same across nodes, beside hybrid sharding "
                     "and stage 3 with hpZ, and the bytes each node sends to the others.",
     )
-    parser.add_argument("--params", type=positive_float, required=True,
+    parser.add_argument("--params", type=parameter_count, required=True,
                         help="number of model parameters Ψ, e.g. 7e9")
     parser.add_argument("--ranks", type=rank_count, nargs="+",
                         metavar="N", help="data-parallel rank counts, one table row each "
@@ -124,6 +133,8 @@ def _check_args(parser, args):
                      "with --ranks-per-node the rows are --nodes")
     group = args.shard_group or args.ranks_per_node
     for k in args.nodes or DEFAULT_NODES:
+        if k * args.ranks_per_node > MOST_RANKS:
+            parser.error(f"--nodes {k} x --ranks-per-node {args.ranks_per_node} is more than {MOST_RANKS} ranks")
         if (k * args.ranks_per_node) % group:
             parser.error(f"--shard-group {group} does not divide N = {k * args.ranks_per_node} "
                          f"(--nodes {k} x --ranks-per-node {args.ranks_per_node})")

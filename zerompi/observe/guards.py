@@ -15,13 +15,10 @@ zerompi/observe/collective_check.py and zerompi/observe/watchdog.py.
 import sys
 import time
 
-import mpi4py
-mpi4py.rc.initialize = False          # MPI starts with the first Communicator (zerompi/comm.py)
-from mpi4py import MPI                # noqa: E402
-
-from ..exit_codes import ExitCode                      # noqa: E402
-from .collective_check import CollectiveCheck          # noqa: E402
-from .watchdog import MAX_STAGGER_SECONDS, CollectiveWatchdog, report_then_abort, stagger   # noqa: E402
+from ..exit_codes import ExitCode
+from ..mpi import MPI
+from .collective_check import CollectiveCheck
+from .watchdog import MAX_STAGGER_SECONDS, CollectiveWatchdog, report_then_abort, stagger
 
 
 class Guards:

@@ -16,6 +16,7 @@ Bad flags or a bad calibration file: one line, `zerompi: error: ...`, exit statu
 """
 import argparse
 import math
+import os
 import sys
 
 from ..exit_codes import ExitCode
@@ -195,11 +196,16 @@ def predict(args, parser):
 
 def calibrate_main(argv):
     args = calibrate_parser().parse_args(argv)
-    from mpi4py import MPI
     from ..checkpoint.weights import check_writable
     from ..comm import init_mpi
+    from ..mpi import MPI, MpiUnavailable, launcher_rank
     from .calibrate import calibrate, write_calibration
-    init_mpi()
+    try:
+        init_mpi()
+    except MpiUnavailable as e:                 # no MPI to agree over: the launcher's rank 0 says why
+        if launcher_rank(os.environ) == 0:
+            print(f"zerompi: error: {e}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     error = check_writable(args.out, "the calibration") if MPI.COMM_WORLD.Get_rank() == 0 else None
     if MPI.COMM_WORLD.bcast(error):               # before a minute of measuring: the output must be a file
         if error:

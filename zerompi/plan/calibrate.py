@@ -30,21 +30,19 @@ import os
 import platform
 import time
 
-import mpi4py
-mpi4py.rc.initialize = False          # MPI starts with the first Communicator (zerompi/comm.py)
-from mpi4py import MPI                # noqa: E402
-import numpy as np                    # noqa: E402
+import numpy as np
 
-from .. import layers                               # noqa: E402
-from ..adam import AdamConfig, AdamW                # noqa: E402
-from ..checkpoint.atomic import atomic_file         # noqa: E402
-from ..comm import Communicator                     # noqa: E402
-from ..engine import build_engine                   # noqa: E402
-from ..inputs import read_whole                     # noqa: E402
-from ..ledger import GRADS, MemoryLedger            # noqa: E402
-from ..precision import precision_for               # noqa: E402
-from ..step import train_step                       # noqa: E402
-from .cost import OPS, Machine                      # noqa: E402
+from .. import layers
+from ..adam import AdamConfig, AdamW
+from ..checkpoint.atomic import atomic_file
+from ..comm import Communicator
+from ..engine import build_engine
+from ..inputs import read_whole
+from ..ledger import GRADS, MemoryLedger
+from ..mpi import MPI
+from ..precision import precision_for
+from ..step import train_step
+from .cost import OPS, Machine
 
 FORMAT = "zerompi.plan calibration"
 VERSION = 1

@@ -43,10 +43,10 @@ from dataclasses import replace
 
 from ..hierarchy import FLAT
 from ..inputs import format_bytes
+from ..memory import MOST_RANKS               # how far the search for the fewest ranks that fit goes
 from ..model import INIT_CHUNK
 from . import plan_run
 
-MOST_RANKS = 1 << 20         # how far the search for the fewest ranks that fit goes
 RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, beside MPI's scratch
 THREAD_ARENA = 64 << 20      # glibc's malloc arena for a new thread (HEAP_MAX_SIZE on 64 bits)
 FILE_LAYER_BYTES = 17        # per element while a layer is read from a file: float64 + a tensor + a check

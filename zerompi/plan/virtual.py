@@ -84,8 +84,7 @@ class PlannedTransport:
 
     def _note(self, op, buf):
         c = self.comm
-        self.calls.append(PlannedCall(op, buf.nbytes, c.size, len(set(c.node_of_rank)), c.across_nodes,
-                                      c.number, c.purpose))
+        self.calls.append(PlannedCall(op, buf.nbytes, c.size, c.num_nodes, c.across_nodes, c.number, c.purpose))
 
     def sum_all(self, buf):
         self._note(ALLREDUCE, buf)
@@ -113,6 +112,7 @@ class PlannedCommunicator(Communicator):
         if len(self.node_of_rank) != size or not 0 <= rank < size:
             raise ValueError(f"rank {rank} of {size} ranks on nodes {self.node_of_rank}")
         self.across_nodes = sends_across_nodes(self.node_of_rank, rank)
+        self.num_nodes = len(set(self.node_of_rank))      # once: a plan notes thousands of calls
         self.ledger = CommLedger()
         self.device = device if device is not None else VirtualDevice(CPU())
         self.staging = ReductionStaging()

@@ -24,11 +24,11 @@ from .batch_rule import DEFAULT_MICRO_BATCH, resolve_batch
 from .config_files import CommandLine, ConfigFileError, flags_from_file
 from .environment import ENVIRONMENT
 from .errors import ArgumentError
-from .launch import launcher_rank
 from .output_paths import output_overwrites_input
 from .version import version_text
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import EXIT_MEANINGS, ExitCode
+from ..mpi import launcher_rank
 from ..precision import DTYPE_NAMES, precision_for
 from .schedule import SCHEDULES
 

@@ -7,7 +7,8 @@ The names themselves live where they are read; this table only collects them.
 from ..devices.choice import LOCAL_RANK_VARIABLES
 from ..devices.mpi_cuda import OVERRIDE as CUDA_AWARE_OVERRIDE
 from .destination import SLURM_JOB, SLURM_PTY
-from .launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_RANK_VARIABLES, LAUNCHER_SIZE_VARIABLES
+from ..mpi import LAUNCHER_RANK_VARIABLES
+from .launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_SIZE_VARIABLES
 from .metrics import SLURM_RESTARTS
 
 # (names, what zerompi does with them), in the order --help lists them

@@ -17,13 +17,12 @@ set it (to anything but a positive integer: an error, checked here), else the CP
 may run on (its affinity mask) divided by the ranks on its node, at least 1
 (zerompi/devices/cpu.py's blas_threads, which the planner's calibration uses too).
 """
-from ..devices.choice import first_number
+from ..mpi import first_number
 
 # The innermost launcher first: `mpirun` inside a Slurm allocation starts its proxies with srun, so
 # its ranks also inherit the proxy step's SLURM_* variables (one task per node), which then say
 # nothing about the ranks. SLURM_* count only when no MPI launcher set its own.
 LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
-LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 LAUNCHER_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")   # ranks on this node
 
 
@@ -41,11 +40,6 @@ def launch_mismatch(mpi_size, environ):
                     f"MPICH or Intel MPI, --mpi=pmix for Open MPI (`srun --mpi=list`)")
         return None                      # the innermost launcher agrees
     return None
-
-
-def launcher_rank(environ):
-    """This process's rank as the launcher numbered it (0 when unknown)."""
-    return first_number(environ, LAUNCHER_RANK_VARIABLES)
 
 
 def threads_variable_error(environ):

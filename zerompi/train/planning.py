@@ -26,8 +26,8 @@ from .config import _Parser, add_planning_flags, check_config, parse_args
 from .data import load_data
 from .errors import ArgumentError
 from .grouping import grouping_error, resolve_grouping
-from .launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_SIZE_VARIABLES, launcher_rank
-from ..devices.choice import first_number
+from .launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_SIZE_VARIABLES
+from ..mpi import first_number, launcher_rank
 from ..devices.cpu import CPU
 from ..exit_codes import ExitCode
 from ..hierarchy import FLAT
@@ -37,7 +37,8 @@ from ..ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, MEMORY_KINDS, PARAMS,
 from ..overlap import OverlapConfig
 from ..pipes import until_reader_leaves
 from ..plan import RunShape, plan_run
-from ..plan.preflight import MOST_RANKS, describe, need_of, preflight_error, runtime_bytes, start_transient_bytes
+from ..memory import MOST_PARAMS, MOST_RANKS
+from ..plan.preflight import describe, need_of, preflight_error, runtime_bytes, start_transient_bytes
 from ..plan.virtual import PlannedCommunicator
 from ..precision import precision_for
 
@@ -46,6 +47,16 @@ OP_NAMES = {ALLREDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALLGATHER
 
 def overlap_config(cfg):
     return OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
+
+
+def model_size_error(sizes):
+    """One line if the MLP of these widths has more parameters than any machine can address (their
+    buffers' sizes would not even fit a C long), else None."""
+    params = sum(out * (inp + 1) for inp, out in zip(sizes, sizes[1:]))
+    if params <= MOST_PARAMS:
+        return None
+    return (f"the MLP {'-'.join(map(str, sizes))} has {params:.2g} parameters: more than any machine can address "
+            f"(2^63 bytes hold {MOST_PARAMS:.2g} of them at 16 bytes each); choose smaller --hidden or --classes")
 
 
 def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None):
@@ -102,6 +113,8 @@ def dry_run_text(argv, environ, ranks, ranks_per_node):
     if error or data_error:
         raise ArgumentError(error or data_error)
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
+    if model_size_error(sizes):
+        raise ArgumentError(model_size_error(sizes))
     chosen = run_shape(cfg, sizes, num_ranks, grouping, node_of_rank)
     shown = [replace(chosen, stage=stage, grouping=FLAT) for stage in range(4)]     # at most 5 columns
     shown += [] if chosen in shown else [chosen]

@@ -48,6 +48,7 @@ from ..checkpoint.lock import release_locks
 from ..checkpoint.training import check_save_dir, save_training_checkpoint, start_from
 from ..checkpoint.weights import check_writable, save_weights
 from ..comm import Communicator, abort_job
+from ..mpi import MpiUnavailable, launcher_rank
 from ..devices.choice import check_device, select_device
 from ..devices.cpu import blas_threads
 from ..devices.nccl import NcclCommunicator
@@ -66,11 +67,11 @@ from .config import TrainConfig, check_config, choices_before_mpi, parse_args
 from .data import Dataset, load_data
 from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
 from .errors import ArgumentError
-from .launch import launch_mismatch, launcher_rank, threads_variable_error
+from .launch import launch_mismatch, threads_variable_error
 from .loss_scale import LossScaler, loss_scale_error
 from .destination import live_progress
 from .metrics import MetricsFile, StepMetrics, slurm_restarts
-from .planning import overlap_config, run_shape
+from .planning import model_size_error, overlap_config, run_shape
 from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
@@ -119,6 +120,7 @@ def setup(cfg, comm, out):
     comm.check_all(error)
     agree(comm, data_fields(data), out)                      # the same data on every rank (agreement.py)
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
+    comm.check_all(model_size_error(sizes))
     precision = precision_for(cfg.dtype)
     M = cfg.grad_accum
     rows = cfg.micro_batch_size                              # this rank's rows of one micro-batch
@@ -361,6 +363,12 @@ def main(argv=None):
         comm = Communicator(device=device, collective_timeout=early.collective_timeout)
     except Interrupted as e:                   # reading --config, or MPI starting
         end_job(rank, f"zerompi: error: rank {rank}: {e}", ExitCode.INTERRUPTED)
+    except MpiUnavailable as e:                # no MPI, no abort: every rank ends, the launcher's rank 0 says why
+        signals.stand_down()
+        if rank == 0:
+            print(f"zerompi: error: {e}: install one (pip install mpich), or load your site's MPI (its module) "
+                  f"before mpi4py (docs/clusters-and-slurm.md)", file=sys.stderr, flush=True)
+        raise SystemExit(ExitCode.BAD_INPUT)
     try:
         mismatch = launch_mismatch(comm.size, os.environ)
         if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
