@@ -757,3 +757,24 @@ def test_user_npz_dataset_trains_end_to_end(held_out, shuffle, tmp_path):
     assert weights["layers.0.weight"].shape == (5, 6)
     assert weights["layers.1.weight"].shape == (3, 5)
     assert all(np.all(np.isfinite(w)) for w in weights.values())
+
+
+@pytest.mark.parametrize("flags, shown", [
+    (["--data", "a\x1b[2Jb\nc.npz"], "a\\x1b[2Jb\\nc.npz: no such file"),
+    (["--frob\x1b[31mred"], "unrecognized arguments: --frob\\x1b[31mred"),
+    (["--save-weights", "no\nwhere/w.npz"], "cannot save weights to no\\nwhere/w.npz"),
+])
+def test_control_characters_in_what_the_user_names_are_escaped(flags, shown, tmp_path):
+    """Paths and unknown flags were echoed raw: a newline broke the one-line rule, ESC [2J cleared
+    the screen."""
+    run = launch(2, "--hidden", 4, "--batch-size", 12, "--log-every", 0, "--report", "none", *flags, cwd=tmp_path)
+    assert run.returncode == 2, run.describe()
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and shown in lines[0] and "\x1b" not in run.output, run.describe()
+
+
+def test_a_note_naming_a_path_with_an_escape_sequence_shows_it_escaped(tmp_path):
+    os.mkdir(tmp_path / "ck\x1b[2J")
+    run = train_ok(2, "--steps", 2, "--hidden", 4, "--batch-size", 12, "--log-every", 0, "--report", "none",
+                   "--save-dir", "ck\x1b[2J", "--resume", "--save-weights", "w.npz", cwd=tmp_path)
+    assert "\x1b" not in run.output and "no checkpoint in ck\\x1b[2J yet" in run.output, run.describe()

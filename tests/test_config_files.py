@@ -11,7 +11,7 @@ import pytest
 
 from test_cli import train_ok, load_weights
 from zerompi.train.batch_rule import resolve_batch
-from zerompi.train.config import TrainConfig, choices_before_mpi, parse_args
+from zerompi.train.config import TrainConfig, check_config, choices_before_mpi, parse_args
 from zerompi.train.errors import ArgumentError
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -566,3 +566,41 @@ def test_deepspeed_mics_and_hpz_map_to_the_hierarchical_flags(tmp_path):
     assert parse_args(["--config", ds]).hpz is False
     ds = write(tmp_path, "bad.json", {"zero_optimization": {"mics_shard_size": "4"}})
     assert "mics_shard_size" in error_of(["--config", ds])
+
+
+# ----------------------------------------------------------------------------------------------
+# Values that begin with "-", and errors that name the file's key
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, text, named", [
+    ("run.toml", "lr = -1e-3\n", "run.toml: lr: --lr must be positive, got -0.001"),
+    ("run.toml", "clip-norm = -inf\n", "run.toml: clip-norm: --clip-norm must be a finite number, got -inf"),
+    ("ds.json", {"optimizer": {"type": "AdamW", "params": {"lr": -1e-3}}},
+     "ds.json: optimizer.params.lr: --lr must be positive, got -0.001"),
+    ("ds.json", {"gradient_clipping": -1}, "ds.json: gradient_clipping: --clip-norm must be >= 0 (0: off), got -1.0"),
+    ("ds.json", {"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.5]}}},
+     "ds.json: optimizer.params.betas: --beta1 and --beta2 must be in [0, 1), got 0.9 and 1.5"),
+])
+def test_a_bad_value_from_a_file_is_named_by_its_key_and_values_may_begin_with_a_dash(tmp_path, name, text, named):
+    """A value beginning with "-" from a file (-1e-3, -inf, a file named -x.npz) gave argparse's
+    "expected one argument"; one that parsed but was refused named the flag, not the file's key."""
+    path = write(tmp_path, name, text)
+    flag = "--deepspeed-config" if name.endswith(".json") else "--config"
+    assert error_of([flag, path]) == named.replace(name, path, 1)
+
+
+def test_dash_values_from_a_file_and_the_command_line_are_values(tmp_path):
+    path = write(tmp_path, "run.toml", 'data = "-x.npz"\nsave-weights = "-w.npz"\n')
+    cfg = parse_args(["--config", path])
+    assert (cfg.data, cfg.save_weights) == ("-x.npz", "-w.npz")
+    cfg = parse_args(["--lr", "-1e-3", "--data", "-y.npz", "--hidden", "-4"][:4])
+    assert (cfg.lr, cfg.data) == (-1e-3, "-y.npz")
+    assert check_config(cfg, 1) == "--lr must be positive, got -0.001"
+    assert "widths must be positive" in error_of(["--hidden", "-4"])
+    assert "expected one argument" in error_of(["--save-dir", "--resume"])      # a flag, not a value
+
+
+def test_a_bad_value_given_on_the_command_line_over_a_file_names_the_flag(tmp_path):
+    path = write(tmp_path, "run.toml", "lr = 0.01\n")
+    cfg = parse_args(["--config", path, "--lr", "-1"])
+    assert check_config(cfg, 1) == "--lr must be positive, got -1.0"

@@ -10,7 +10,7 @@ None of this is training traffic, so none of it is ledgered; the guards (--check
     first_failing_rank(error)     the lowest rank with an error, or None (one MIN all-reduce)
     any_failed(error)             True on every rank when any rank has an error
     max_all(values)               the elementwise maximum over ranks of small int64 arrays
-    print0(...)                   print on rank 0 only
+    print0(text)                  print on rank 0 only
     gather_to_root(send, recv)    rank 0 receives every rank's equal-sized array
     gather_bytes_to_root(data)    rank 0 receives every rank's bytes, of any length
     ranks_on_this_node()          how many ranks share this node (and its cores)
@@ -21,6 +21,7 @@ import sys
 import numpy as np
 
 from .exit_codes import ExitCode
+from .inputs import printable
 from .ledger import BOOKKEEPING, CONTROL
 from .mpi import MPI
 
@@ -32,7 +33,7 @@ class ControlMessages:
         first_failing = self.first_failing_rank(error)
         if first_failing is not None:
             if self.rank == first_failing:
-                print(f"zerompi: error: {error}", file=sys.stderr, flush=True)
+                print(f"zerompi: error: {printable(error)}", file=sys.stderr, flush=True)
             raise SystemExit(exit_code)
 
     def first_failing_rank(self, error):
@@ -53,10 +54,11 @@ class ControlMessages:
         self.mpi.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
         self.guards.end()
 
-    def print0(self, *args, file=None, **kwargs):
-        """Print on rank 0 only (the one print helper)."""
+    def print0(self, text, file=None):
+        """Print a line (or lines) on rank 0 only (the one print helper), what a user's path may hold
+        that would redraw the terminal escaped (zerompi/inputs.py's printable)."""
         if self.rank == 0:
-            print(*args, file=file if file is not None else sys.stdout, flush=True, **kwargs)
+            print(printable(str(text), lines=True), file=file if file is not None else sys.stdout, flush=True)
 
     def gather_to_root(self, send, recv):
         """Rank 0 receives every rank's equal-sized `send` into recv (size, ...) (the end-of-run

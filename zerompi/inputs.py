@@ -23,6 +23,10 @@ allocated, so a file that lies about its size costs one line, not the node's mem
                      the address-space limit (ulimit -v) - what the process maps already )
 
 A limit the system does not report is left out; where none is known, nothing is refused.
+
+What the user names is also shown back, in error lines and notes: `printable` escapes the control
+characters a path or a flag may hold (a newline would break the one-line rule, an escape sequence
+would redraw the terminal), as Python's string escapes (\\n, \\x1b).
 """
 import os
 import resource
@@ -51,6 +55,13 @@ def open_regular(path, error, mode="rb"):
     except BaseException:
         os.close(fd)
         raise
+
+
+def printable(text, lines=False):
+    """text with each character that is not printable shown as its escape (\\n, \\x1b, \\udcff for
+    a byte that is not UTF-8); lines: the newlines that separate lines are kept."""
+    return "\n".join("".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in line)
+                     for line in (text.split("\n") if lines else [text]))
 
 
 WHOLE_FILE_LIMIT = 1 << 20          # a config file or a calibration is a few kB

@@ -16,6 +16,7 @@ import os
 import sys
 from typing import NamedTuple
 
+from ..inputs import printable
 from .export import consolidate, export_safetensors, verify_all
 from .files import MANIFEST, CheckpointError, replaces_checkpoint_file, read_manifest, unverified_note
 from .find import find_checkpoint
@@ -124,10 +125,11 @@ def main(argv=None):
                 raise CheckpointError(problem)
         args.run(folder, args)
     except (CheckpointError, SafetensorsError, KeyError, TypeError, ValueError) as e:
-        print(f"zerompi.checkpoint: error: {e}", file=sys.stderr)
+        print(f"zerompi.checkpoint: error: {printable(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"zerompi.checkpoint: error: {getattr(e, 'filename', '') or ''}: {e.strerror or e}", file=sys.stderr)
+        print(printable(f"zerompi.checkpoint: error: {getattr(e, 'filename', '') or ''}: {e.strerror or e}"),
+              file=sys.stderr)
         return 2
     return 0
 

@@ -21,6 +21,7 @@ from . import (FP32, MIXED_PRECISION, MOST_PARAMS, MOST_RANKS, STAGES, BytesPerP
                hpz_collectives, hpz_model_state_bytes, hybrid_collectives, hybrid_model_state_bytes,
                inter_node_per_node, model_state_bytes, ring_traffic_per_rank, wire_bytes)
 from ..exit_codes import ExitCode
+from ..inputs import printable
 
 STAGE_NAMES = ("Baseline", "Stage 1", "Stage 2", "Stage 3")
 DEFAULT_RANKS = (1, 4, 8, 16, 32, 64, 128)
@@ -78,7 +79,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line, `zerompi: error: ...`, and exit status 2."""
 
     def error(self, message):
-        print(f"zerompi: error: {message}", file=sys.stderr)
+        print(f"zerompi: error: {printable(message)}", file=sys.stderr)
         raise SystemExit(ExitCode.BAD_INPUT)
 
 

@@ -45,6 +45,7 @@ import threading
 import time
 
 from ..checkpoint.atomic import create_temporary, fsync_folder
+from ..inputs import printable
 
 FLUSH_EVERY_STEPS = 32           # steps between two gathers of the events to rank 0's file
 
@@ -195,8 +196,8 @@ class TraceFile:
             self.give_up(e)
 
     def give_up(self, error):
-        print(f"zerompi: warning: cannot write the trace to {self.path}: {error.strerror or error}; the run goes on "
-              f"without it", file=sys.stderr, flush=True)
+        print(printable(f"zerompi: warning: cannot write the trace to {self.path}: {error.strerror or error}; the "
+                        f"run goes on without it"), file=sys.stderr, flush=True)
         self.discard()
 
     def discard(self):

@@ -21,7 +21,7 @@ import sys
 
 from ..exit_codes import ExitCode
 from ..hierarchy import FLAT, Grouping
-from ..inputs import available_bytes, format_bytes
+from ..inputs import available_bytes, format_bytes, printable
 from ..memory.table import OneLineParser, non_negative_float, positive_float, rank_count
 from ..overlap import OverlapConfig
 from ..pipes import until_reader_leaves
@@ -204,12 +204,12 @@ def calibrate_main(argv):
         init_mpi()
     except MpiUnavailable as e:                 # no MPI to agree over: the launcher's rank 0 says why
         if launcher_rank(os.environ) == 0:
-            print(f"zerompi: error: {e}", file=sys.stderr)
+            print(f"zerompi: error: {printable(str(e))}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     error = check_writable(args.out, "the calibration") if MPI.COMM_WORLD.Get_rank() == 0 else None
     if MPI.COMM_WORLD.bcast(error):               # before a minute of measuring: the output must be a file
         if error:
-            print(f"zerompi: error: {error}", file=sys.stderr)
+            print(f"zerompi: error: {printable(error)}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     result = calibrate()
     error = None
@@ -218,7 +218,7 @@ def calibrate_main(argv):
             write_calibration(result, args.out)
             print(f"wrote {args.out}: {result['ranks']} ranks, measured in {result['seconds']:.1f} s")
         except OSError as e:
-            error = f"zerompi: error: cannot write {args.out}: {e.strerror}"
+            error = printable(f"zerompi: error: cannot write {args.out}: {e.strerror}")
             print(error, file=sys.stderr)
     return ExitCode.BAD_INPUT if MPI.COMM_WORLD.bcast(error) else ExitCode.OK
 

@@ -228,6 +228,9 @@ def _epilog():
     return "\n".join(lines)
 
 
+PLANNING_VALUE_FLAGS = ("--ranks", "--ranks-per-node")
+
+
 def add_planning_flags(parser):
     """--dry-run and its two numbers, for build_parser (zerompi/train/config.py)."""
     group = parser.add_argument_group("planning (docs/planning.md)")
@@ -287,12 +290,12 @@ def choices_before_mpi(argv):
     peek.add_argument("--config", default="")
     empty = argparse.Namespace(device=None, collective_timeout=None, config="")
     try:
-        args = peek.parse_known_args(argv)[0]
+        args = peek.parse_known_args(values_joined(argv))[0]
     except ArgumentError:
         args = empty
     if None in (args.device, args.collective_timeout) and args.config and not args.config.endswith(".json"):
         try:
-            toml = peek.parse_known_args(flags_from_file(args.config, False, _file_keys(), None))[0]
+            toml = peek.parse_known_args(flags_from_file(args.config, False, _file_keys(), None)[0])[0]
         except (ArgumentError, ConfigFileError):
             toml = empty
         args.device = args.device or toml.device
@@ -311,10 +314,45 @@ def _file_keys():
             for f in fields(TrainConfig)}
 
 
+def _takes_one_value(f):
+    """Whether TrainConfig field f's flag takes exactly one value (not a switch, not --resume's
+    optional one)."""
+    return not isinstance(f.default, bool) and f.metadata["argparse"].get("nargs") is None
+
+
+def values_joined(argv):
+    """argv with each value that begins with "-" joined to the flag before it, ["--lr", "-1e-3"] ->
+    ["--lr=-1e-3"] (argparse takes -1e-3, or a file named -x.npz, for a flag and reports "expected
+    one argument"), where that flag takes one value and the token after it names no flag."""
+    takes_value = {_flag_name(f) for f in fields(TrainConfig) if _takes_one_value(f)} | set(PLANNING_VALUE_FLAGS)
+    flags = {_flag_name(f) for f in fields(TrainConfig)} | {f"--no-{f.name.replace('_', '-')}" for f in
+                                                            fields(TrainConfig)} | {"--help", "--version", "--dry-run"}
+    flags |= set(PLANNING_VALUE_FLAGS)
+
+    def names_a_flag(token):                 # a flag, or its abbreviation (argparse's allow_abbrev)
+        stem = token.split("=", 1)[0]
+        return token == "-h" or (stem.startswith("--") and any(flag.startswith(stem) for flag in flags))
+    joined, i = [], 0
+    while i < len(argv):
+        value = argv[i + 1] if i + 1 < len(argv) else None
+        if argv[i] in takes_value and value is not None and value.startswith("-") and not names_a_flag(value):
+            joined.append(f"{argv[i]}={value}")
+            i += 2
+        else:
+            joined.append(argv[i])
+            i += 1
+    return joined
+
+
+def _flag_name(f):
+    return f"--{f.name.replace('_', '-')}"
+
+
 def parse_args(argv, rank=0, num_ranks=1):
     """TrainConfig from a command line and the config file it names (zerompi/train/config_files.py),
     its batch sizes resolved for N = num_ranks (resolve_batch); raises ArgumentError with a
-    one-line message."""
+    one-line message. A value from the file that check_config refuses is named by the file's key."""
+    argv = values_joined(argv)
     parser = build_parser(rank)
     files = _Parser(rank, add_help=False)
     files.add_argument("--config", default="")
@@ -324,12 +362,12 @@ def parse_args(argv, rank=0, num_ranks=1):
     path = files.parse_known_args(argv)[0]
     if path.config and path.deepspeed_config:
         raise ArgumentError("--config and --deepspeed-config: choose one")
-    if path.config or path.deepspeed_config:
-        name = path.config or path.deepspeed_config
+    name, keys = path.config or path.deepspeed_config, {}
+    if name:
         try:
-            file_flags = flags_from_file(name, bool(path.deepspeed_config) or name.endswith(".json"),
-                                         _file_keys(), CommandLine(path.dtype, path.lr, TrainConfig.dtype,
-                                                                   TrainConfig.lr))
+            file_flags, keys = flags_from_file(name, bool(path.deepspeed_config) or name.endswith(".json"),
+                                               _file_keys(), CommandLine(path.dtype, path.lr, TrainConfig.dtype,
+                                                                         TrainConfig.lr))
             from_file = build_parser(rank).parse_args(file_flags)
         except ConfigFileError as e:
             raise ArgumentError(str(e)) from None
@@ -340,7 +378,27 @@ def parse_args(argv, rank=0, num_ranks=1):
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum = resolve_batch(
         cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum, num_ranks)
+    error = check_config(cfg, num_ranks) if keys else None
+    flag = error and error.split()[0]
+    if flag in keys and flag not in _given(argv):        # the file's value, not the command line's
+        raise ArgumentError(f"{name}: {keys[flag]}: {error}")
     return cfg
+
+
+def _given(argv):
+    """The flags ("--name") whose value argv itself gives, as argparse reads them: a whole name, an
+    abbreviation of one name, a --no-name switch."""
+    names = {_flag_name(f): _flag_name(f) for f in fields(TrainConfig)}
+    names.update({f"--no-{f.name.replace('_', '-')}": _flag_name(f) for f in fields(TrainConfig)
+                  if isinstance(f.default, bool)})
+    given = set()
+    for token in argv:
+        stem = token.split("=", 1)[0]
+        matches = [flag for written, flag in names.items() if written == stem] or \
+                  [flag for written, flag in names.items() if written.startswith(stem) and stem.startswith("--")]
+        if len(set(matches)) == 1:
+            given.add(matches[0])
+    return given
 
 
 def check_config(cfg, num_ranks):

@@ -135,9 +135,11 @@ MAX_SCALE_POWER = 127                          # the initial loss scale 2^power 
 
 
 def flags_from_file(path, deepspeed, known_flags, command_line):
-    """Command-line flags [--name, value, ...] for the TOML file at path (deepspeed False) or the
-    DeepSpeed JSON at path (True); known_flags: {long flag name (without the dashes): the type of its
-    value, bool for a --x/--no-x switch}; command_line: what a DeepSpeed file is read against."""
+    """(Command-line flags ["--name=value" or "--switch", ...], {flag: the key of the file it comes
+    from}) for the TOML file at path (deepspeed False) or the DeepSpeed JSON at path (True); each
+    value joined to its flag, so that one beginning with "-" (-1e-3, -x.npz) stays a value.
+    known_flags: {long flag name (without the dashes): the type of its value, bool for a --x/--no-x
+    switch}; command_line: what a DeepSpeed file is read against."""
     try:
         text = read_whole(path, _unreadable, "a config file")
     except OSError as e:
@@ -176,8 +178,8 @@ TOML_TYPES = {
 
 
 def toml_flags(table, known_flags, path):
-    """[--name, value, ...] for a TOML table; known_flags: {long flag name: the type of its value};
-    every value must be of its flag's type (a string is no number, `true` is no path)."""
+    """(flags, {flag: key}) for a TOML table (flags_from_file); known_flags: {long flag name: the
+    type of its value}; every value must be of its flag's type (a string is no number, `true` is no path)."""
     flags, unknown = [], []
     for key, value in table.items():
         if key not in known_flags or key in ("config", "deepspeed-config") or isinstance(value, dict):
@@ -187,13 +189,13 @@ def toml_flags(table, known_flags, path):
         elif known_flags[key] is bool:                                  # overlap = true: --overlap
             flags.append(f"--{key}" if value else f"--no-{key}")
         elif known_flags[key] is tuple:                                 # hidden = [256, 256]
-            flags += [f"--{key}", ",".join(map(str, value))]
+            flags.append(f"--{key}={','.join(map(str, value))}")
         else:
-            flags += [f"--{key}", str(value)]
+            flags.append(f"--{key}={value}")
     if unknown:
         raise ConfigFileError(f"{path}: unknown keys: {', '.join(unknown)} (the keys are the long flag "
                               f"names without the dashes, see --help)")
-    return flags
+    return flags, {f"--{key}": key for key in table}
 
 
 def typed(table, prefix, key, kind, path, default=None):
@@ -216,14 +218,15 @@ def deepspeed_flags(ds, path, command_line):
     """[--name, value, ...] for a DeepSpeed config (the module docstring's table), read against
     command_line (a CommandLine)."""
     flags = {}                                   # flag -> value (None: a switch, no value)
+    keys = {}                                    # flag -> the key it comes from
     unsupported = []                             # "key" or "key=value (why)", in file order
 
     def leftovers(prefix, table, mapped):
         unsupported.extend(_name(f"{prefix}{key}") for key in table if key not in mapped)
 
-    def put(flag, value):
+    def put(flag, value, key):
         if value is not None:                    # absent or "auto": the command line decides
-            flags[flag] = value
+            flags[flag], keys[flag] = value, key
 
     known = {"zero_optimization", "train_batch_size", "train_micro_batch_size_per_gpu",
              "gradient_accumulation_steps", "fp16", "bf16", "optimizer", "gradient_clipping",
@@ -236,16 +239,17 @@ def deepspeed_flags(ds, path, command_line):
     stage = typed(zero, "zero_optimization.", "stage", INTEGER, path)
     if stage is not None and stage not in (0, 1, 2, 3):
         unsupported.append(f"zero_optimization.stage={stage} (0, 1, 2 or 3)")
-    put("--stage", stage)
+    put("--stage", stage, "zero_optimization.stage")
     overlap = typed(zero, "zero_optimization.", "overlap_comm", BOOLEAN, path)
     if overlap is not None:
         flags["--overlap" if overlap else "--no-overlap"] = None
+        keys["--overlap"] = "zero_optimization.overlap_comm"
     shard_size = typed(zero, "zero_optimization.", "mics_shard_size", INTEGER, path)
     if shard_size is not None and shard_size > 0:          # DeepSpeed's -1: off
-        put("--shard-group", shard_size)
+        put("--shard-group", shard_size, "zero_optimization.mics_shard_size")
     hpz_size = typed(zero, "zero_optimization.", "zero_hpz_partition_size", INTEGER, path)
     if hpz_size is not None and hpz_size > 1:              # 1: off
-        flags["--hpz"] = None
+        flags["--hpz"], keys["--hpz"] = None, "zero_optimization.zero_hpz_partition_size"
     for key in ("offload_optimizer", "offload_param"):
         device = typed(typed(zero, "zero_optimization.", key, OBJECT, path, {}), f"zero_optimization.{key}.",
                        "device", TEXT, path, "none")
@@ -258,7 +262,7 @@ def deepspeed_flags(ds, path, command_line):
         value = typed(ds, "", key, INTEGER, path)
         if value is not None and value <= 0:
             raise ConfigFileError(f"{path}: {key}={value} must be a positive integer")
-        put(flag, value)                         # batch_rule.py resolves the three, like DeepSpeed
+        put(flag, value, key)                    # batch_rule.py resolves the three, like DeepSpeed
 
     fp16, bf16 = typed(ds, "", "fp16", OBJECT, path, {}), typed(ds, "", "bf16", OBJECT, path, {})
     leftovers("bf16.", bf16, {"enabled"})
@@ -287,9 +291,9 @@ def deepspeed_flags(ds, path, command_line):
             unsupported.append(f"fp16.hysteresis={hysteresis} (zerompi halves the scale at every overflow: 1)")
         if auto_cast:
             unsupported.append("fp16.auto_cast=true (zerompi computes in the parameters' dtype)")
-        put("--loss-scale", None if power is None else 2.0 ** power)
-        put("--loss-scale-window", window)
-        put("--min-loss-scale", min_scale)
+        put("--loss-scale", None if power is None else 2.0 ** power, "fp16.initial_scale_power")
+        put("--loss-scale-window", window, "fp16.loss_scale_window")
+        put("--min-loss-scale", min_scale, "fp16.min_loss_scale")
 
     optimizer = typed(ds, "", "optimizer", OBJECT, path, {})
     leftovers("optimizer.", optimizer, {"type", "params"})
@@ -302,25 +306,29 @@ def deepspeed_flags(ds, path, command_line):
         if typed(params, "optimizer.params.", "adam_w_mode", BOOLEAN, path, True) is not True:
             unsupported.append("optimizer.params.adam_w_mode=false (zerompi's Adam decouples weight decay)")
         for key, flag in (("lr", "--lr"), ("eps", "--eps"), ("weight_decay", "--weight-decay")):
-            put(flag, typed(params, "optimizer.params.", key, NUMBER, path))
+            put(flag, typed(params, "optimizer.params.", key, NUMBER, path), f"optimizer.params.{key}")
         betas = typed(params, "optimizer.params.", "betas", TWO_NUMBERS, path)
         if betas is not None:
-            flags["--beta1"], flags["--beta2"] = betas
+            put("--beta1", betas[0], "optimizer.params.betas")
+            put("--beta2", betas[1], "optimizer.params.betas")
 
-    put("--clip-norm", typed(ds, "", "gradient_clipping", NUMBER, path))
-    put("--log-every", typed(ds, "", "steps_per_print", INTEGER, path))
+    put("--clip-norm", typed(ds, "", "gradient_clipping", NUMBER, path), "gradient_clipping")
+    put("--log-every", typed(ds, "", "steps_per_print", INTEGER, path), "steps_per_print")
 
     scheduler = typed(ds, "", "scheduler", OBJECT, path, {})
     leftovers("scheduler.", scheduler, {"type", "params"})
     schedule, ratio = _scheduler_flags(scheduler, unsupported, path) if scheduler else ({}, None)
-    flags.update(schedule)
+    for flag, (value, key) in schedule.items():
+        put(flag, value, key)
     if ratio is not None:                        # of the lr the run will have: the command line's first
         lr = command_line.lr if command_line.lr is not None else flags.get("--lr", command_line.default_lr)
-        flags["--min-lr"] = ratio * float(lr)
+        put("--min-lr", ratio * float(lr), "scheduler.params.cos_min_ratio")
+    if "--dtype" in flags:
+        keys["--dtype"] = "fp16.enabled" if flags["--dtype"] == "fp16" else "bf16.enabled"
 
     if unsupported:
         raise ConfigFileError(f"{path}: unsupported DeepSpeed settings: {', '.join(unsupported)}")
-    return [str(token) for flag, value in flags.items() for token in ((flag,) if value is None else (flag, value))]
+    return [flag if value is None else f"{flag}={value}" for flag, value in flags.items()], keys
 
 
 def _enabled(section, name, path):
@@ -331,7 +339,7 @@ def _enabled(section, name, path):
 
 
 def _scheduler_flags(scheduler, unsupported, path):
-    """({flag: value}, cos_min_ratio or None) for WarmupLR and WarmupCosineLR with a linear
+    """({flag: (value, key)}, cos_min_ratio or None) for WarmupLR and WarmupCosineLR with a linear
     warm-up from 0, zerompi's two schedules (deepspeed_flags makes the ratio --min-lr)."""
     kind = typed(scheduler, "scheduler.", "type", TEXT, path)
     params = typed(scheduler, "scheduler.", "params", OBJECT, path, {})
@@ -353,14 +361,14 @@ def _scheduler_flags(scheduler, unsupported, path):
     start = "warmup_min_lr" if kind == "WarmupLR" else "warmup_min_ratio"
     if param(start, NUMBER, 0) != 0:
         unsupported.append(f"scheduler.params.{start}={params[start]} (zerompi warms up from 0)")
-    found = {"--lr-schedule": "constant" if kind == "WarmupLR" else "cosine",
-             "--warmup-steps": param("warmup_num_steps", INTEGER)}
+    found = {"--lr-schedule": ("constant" if kind == "WarmupLR" else "cosine", "scheduler.type"),
+             "--warmup-steps": (param("warmup_num_steps", INTEGER), "scheduler.params.warmup_num_steps")}
     if kind == "WarmupLR":
-        found["--lr"] = param("warmup_max_lr", NUMBER)
+        found["--lr"] = (param("warmup_max_lr", NUMBER), "scheduler.params.warmup_max_lr")
     else:
-        found["--steps"] = param("total_num_steps", INTEGER)
+        found["--steps"] = (param("total_num_steps", INTEGER), "scheduler.params.total_num_steps")
     ratio = param("cos_min_ratio", NUMBER) if kind == "WarmupCosineLR" else None
-    return {flag: value for flag, value in found.items() if value is not None}, ratio
+    return {flag: found[flag] for flag in found if found[flag][0] is not None}, ratio
 
 
 def _name(key):

@@ -65,6 +65,8 @@ import time
 
 import numpy as np
 
+from ..inputs import printable
+
 SLURM_RESTARTS = "SLURM_RESTART_COUNT"     # set by Slurm in a requeued job: its requeue count
 MAX_COUNT = 2 ** 53 - 1                     # integers JSON readers and TensorBoard's floats hold exactly
 
@@ -171,7 +173,7 @@ class MetricsFile:
 
 
 def warn(text):
-    print(f"zerompi: warning: {text}", file=sys.stderr, flush=True)
+    print(f"zerompi: warning: {printable(text)}", file=sys.stderr, flush=True)
 
 
 def comm_by_purpose(ledger):

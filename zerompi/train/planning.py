@@ -27,17 +27,16 @@ from .data import load_data
 from .errors import ArgumentError
 from .grouping import grouping_error, resolve_grouping
 from .launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_SIZE_VARIABLES
-from ..mpi import first_number, launcher_rank
 from ..devices.cpu import CPU
 from ..exit_codes import ExitCode
 from ..hierarchy import FLAT
-from ..inputs import format_bytes
-from ..memory import ring_traffic
+from ..inputs import format_bytes, printable
 from ..ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
+from ..memory import MOST_PARAMS, MOST_RANKS, ring_traffic
+from ..mpi import first_number, launcher_rank
 from ..overlap import OverlapConfig
 from ..pipes import until_reader_leaves
 from ..plan import RunShape, plan_run
-from ..memory import MOST_PARAMS, MOST_RANKS
 from ..plan.preflight import describe, need_of, preflight_error, runtime_bytes, start_transient_bytes
 from ..plan.virtual import PlannedCommunicator
 from ..precision import precision_for
@@ -86,10 +85,10 @@ def answer_dry_run(argv, environ, out=sys.stdout):
         text = dry_run_text(argv, environ, args.ranks, args.ranks_per_node)
     except ArgumentError as e:
         if rank == 0:
-            print(f"zerompi: error: {e}", file=sys.stderr, flush=True)
+            print(f"zerompi: error: {printable(str(e))}", file=sys.stderr, flush=True)
         raise SystemExit(ExitCode.BAD_INPUT)
     if rank == 0:
-        until_reader_leaves(lambda: print(text, file=out, flush=True))     # `--dry-run | head`
+        until_reader_leaves(lambda: print(printable(text, lines=True), file=out, flush=True))   # `--dry-run | head`
     raise SystemExit(ExitCode.OK)
 
 

@@ -48,6 +48,7 @@ from ..checkpoint.lock import release_locks
 from ..checkpoint.training import check_save_dir, save_training_checkpoint, start_from
 from ..checkpoint.weights import check_writable, save_weights
 from ..comm import Communicator, abort_job
+from ..inputs import printable
 from ..mpi import MpiUnavailable, launcher_rank
 from ..devices.choice import check_device, select_device
 from ..devices.cpu import blas_threads
@@ -339,7 +340,7 @@ def end_job(rank, line, exit_code, standing_by=False, before=""):
     waits in MPI: a rank but the lowest also gives the lowest one's abort MAX_STAGGER_SECONDS to
     come first. Never returns."""
     time.sleep(stagger(rank) + (MAX_STAGGER_SECONDS if standing_by and rank else 0))
-    report_then_abort(before + line, abort_releasing_locks, exit_code)
+    report_then_abort(before + printable(line), abort_releasing_locks, exit_code)
     await_announced_abort()                # another thread announced first: its abort ends this process
 
 
@@ -366,14 +367,14 @@ def main(argv=None):
     except MpiUnavailable as e:                # no MPI, no abort: every rank ends, the launcher's rank 0 says why
         signals.stand_down()
         if rank == 0:
-            print(f"zerompi: error: {e}: install one (pip install mpich), or load your site's MPI (its module) "
-                  f"before mpi4py (docs/clusters-and-slurm.md)", file=sys.stderr, flush=True)
+            print(printable(f"zerompi: error: {e}: install one (pip install mpich), or load your site's MPI (its "
+                            f"module) before mpi4py (docs/clusters-and-slurm.md)"), file=sys.stderr, flush=True)
         raise SystemExit(ExitCode.BAD_INPUT)
     try:
         mismatch = launch_mismatch(comm.size, os.environ)
         if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
             if rank == 0:
-                print(f"zerompi: error: {mismatch}", file=sys.stderr, flush=True)
+                print(f"zerompi: error: {printable(mismatch)}", file=sys.stderr, flush=True)
             raise SystemExit(ExitCode.BAD_INPUT)
         try:
             cfg, error = parse_args(argv, comm.rank, comm.size), None
