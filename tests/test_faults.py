@@ -439,3 +439,14 @@ def test_a_run_whose_last_steps_were_all_skipped_is_not_a_success(tmp_path):
     healthy = launch(2, "--dtype", "fp16", "--steps", 12, "--hidden", 8, "--batch-size", 16, "--log-every", 0,
                      "--report", "none", cwd=tmp_path)
     assert healthy.returncode == 0, healthy.describe()       # some steps skipped early is normal: exit 0
+
+
+def test_an_aborted_job_leaves_none_of_its_shared_memory_segments(tmp_path):
+    """Every exit through MPI_Abort (1, 6, 130) left a /dev/shm/mpich_shm_* segment of 1-2 MB,
+    which piled up across requeues. (Assumes nothing else creates segments meanwhile: the suite's
+    single-process tests run one at a time.)"""
+    before = set(os.listdir("/dev/shm"))
+    run = with_fault(2, "raise", "1", 2, cwd=tmp_path)
+    assert run.returncode == 1, run.describe()
+    left = [name for name in set(os.listdir("/dev/shm")) - before if name.startswith(("mpich_", "ucx_"))]
+    assert left == [], left

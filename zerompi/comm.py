@@ -71,13 +71,35 @@ def init_mpi():
 
 def abort_job(exit_code):
     """End every rank of the job with exit_code (MPI_Abort), from any thread; before MPI has
-    started (or after it ended, or without an MPI library), this process alone."""
+    started (or after it ended, or without an MPI library), this process alone. The shared memory
+    segments MPI mapped into this process are removed first: MPI_Abort leaves them in /dev/shm
+    (a job's own, as it maps them; never another job's), where they would pile up across requeues."""
+    remove_mapped_segments()
     try:
         if MPI.Is_initialized() and not MPI.Is_finalized():
             MPI.COMM_WORLD.Abort(exit_code)
     except MpiUnavailable:
         pass
     os._exit(exit_code)
+
+
+SEGMENT_PREFIXES = ("mpich_", "ucx_")           # the shared memory MPICH (and UCX under it) creates
+
+
+def remove_mapped_segments(maps="/proc/self/maps"):
+    """Remove the names of the /dev/shm segments of MPI that this process maps (the mappings stay
+    valid for the job's ranks until they end)."""
+    try:
+        with open(maps) as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if " /dev/shm/" in line}
+    except (OSError, IndexError):
+        return
+    for path in paths:
+        if os.path.basename(path).startswith(SEGMENT_PREFIXES) and os.path.dirname(path) == "/dev/shm":
+            try:
+                os.unlink(path)
+            except OSError:                  # already gone (another rank of the node), or not ours to remove
+                pass
 
 
 class MpiTransport:
@@ -133,7 +155,7 @@ class Communicator(ControlMessages):
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
-        self.guards = Guards(self.mpi, self.rank, self.size)   # see guard
+        self.guards = Guards(self.mpi, self.rank, self.size, abort=abort_job)   # see guard
         self.guards.turn_on(collective_timeout=collective_timeout)
         self.guards.begin("split_type", CONTROL, None)
         self.node_of_rank = node_of_rank(self.mpi)       # collective: the node of each rank
