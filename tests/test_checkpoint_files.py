@@ -1,8 +1,10 @@
 """Sharded checkpoints on disk: reading ranges, rejecting bad checkpoints, export, a full disk.
 
 Single-process tests of zerompi.checkpoint.files / load / export / __main__ on real checkpoints:
-a module fixture runs the real CLI once per dtype (`mpirun -n 2 python -m zerompi.train ...
---save-dir ck`), and every test works on its own copy of the folder (shutil.copytree).
+a module fixture runs the real CLI once per writer (`mpirun -n 2 python -m zerompi.train ...
+--save-dir ck`, float32 and bf16; and float32 on 3 ranks, whose shard boundaries are not the
+halves: an off-by-one at a boundary reads right from 2 ranks' files), and every test works on its
+own copy of the folder (shutil.copytree).
 
     read_range        any element range, across the writers' rank boundaries, equals the
                       consolidated weights (`python -m zerompi.checkpoint consolidate`, the run's
@@ -26,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import zlib
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -49,8 +52,17 @@ COMMON = ["--hidden", "9,7", "--batch-size", 12, "--report", "none",
           "--log-every", 0]
 STEP = "step_00000006"
 TOOL_TIMEOUT = 60
-# the checkpoints of the fixture: dtype -> (ZeRO stage, kinds of state written)
-WRITERS = {"float32": (3, ("params", "m", "v")), "bf16": (1, ("params", "master", "m", "v"))}
+class Writer(NamedTuple):
+    dtype: str
+    stage: int
+    kinds: tuple                 # the kinds of state written
+    ranks: int
+
+
+# the checkpoints of the fixture, by name
+WRITERS = {"float32": Writer("float32", 3, ("params", "m", "v"), 2),
+           "bf16": Writer("bf16", 1, ("params", "master", "m", "v"), 2),
+           "float32-3-ranks": Writer("float32", 3, ("params", "m", "v"), 3)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -59,16 +71,16 @@ WRITERS = {"float32": (3, ("params", "m", "v")), "bf16": (1, ("params", "master"
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """dtype -> a folder holding ck/ (checkpoints at steps 3 and 6 of an N=2 run) and w.npz."""
+    """writer's name -> a folder holding ck/ (checkpoints at steps 3 and 6) and w.npz."""
     root = tmp_path_factory.mktemp("checkpoints")
     out = {}
-    for dtype, (stage, _) in WRITERS.items():
-        folder = root / dtype
+    for name, writer in WRITERS.items():
+        folder = root / name
         folder.mkdir()
-        train_ok(2, "--stage", stage, "--dtype", dtype, "--steps", 6, "--save-every", 3, *COMMON,
-                 "--save-dir", "ck", "--save-weights", "w.npz", cwd=folder)
+        train_ok(writer.ranks, "--stage", writer.stage, "--dtype", writer.dtype, "--steps", 6, "--save-every", 3,
+                 *COMMON, "--save-dir", "ck", "--save-weights", "w.npz", cwd=folder)
         assert sorted(os.listdir(folder / "ck")) == ["latest", "step_00000003", STEP]
-        out[dtype] = folder
+        out[name] = folder
     return out
 
 
@@ -175,25 +187,25 @@ def ranges_to_check(layer, rng, count=40):
     return out
 
 
-@pytest.mark.parametrize("dtype", list(WRITERS))
-def test_read_range_reproduces_consolidated_weights_and_state_across_rank_boundaries(dtype, checkpoints,
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_read_range_reproduces_consolidated_weights_and_state_across_rank_boundaries(name, checkpoints,
                                                                                      tmp_path):
-    save_dir = copy_of(checkpoints, dtype, tmp_path)
+    save_dir = copy_of(checkpoints, name, tmp_path)
     folder = save_dir / STEP
     result = checkpoint_tool("consolidate", "ck", "consolidated.npz", cwd=tmp_path)
     assert result.returncode == 0, describe(result)
     consolidated = load_weights(tmp_path / "consolidated.npz")
-    saved = load_weights(checkpoints[dtype] / "w.npz")       # the run's own --save-weights
+    saved = load_weights(checkpoints[name] / "w.npz")        # the run's own --save-weights
     assert sorted(consolidated) == sorted(saved) == sorted(f"layers.{i}.{t}" for i in range(3)
                                                           for t in ("weight", "bias"))
-    for name in saved:
-        assert same_bits(consolidated[name], saved[name]), name
-        assert consolidated[name].dtype == np.float32        # bf16 widened exactly
+    for tensor in saved:
+        assert same_bits(consolidated[tensor], saved[tensor]), tensor
+        assert consolidated[tensor].dtype == np.float32      # bf16 widened exactly
 
     reader = CheckpointReader(str(folder))
-    stage, kinds = WRITERS[dtype]
+    stage, kinds = WRITERS[name].stage, WRITERS[name].kinds
     assert sorted(reader.kinds) == sorted(kinds)
-    assert reader.manifest["ranks"] == 2 and reader.manifest["stage"] == stage
+    assert reader.manifest["ranks"] == WRITERS[name].ranks and reader.manifest["stage"] == stage
     assert any(u["padded"] > u["numel"] for u in reader.layers)       # the fixture has padding
     rng = np.random.default_rng(0)
     for index, layer in enumerate(reader.layers):
@@ -213,7 +225,7 @@ def test_read_range_reproduces_consolidated_weights_and_state_across_rank_bounda
                 assert np.array_equal(got.astype(np.float64), want[kind][lo:hi]), (index, kind, lo, hi)
             wide = reader.read_range(index, "params", lo, hi, np.float64)       # converted on the way
             assert np.array_equal(wide, want["params"][lo:hi]), (index, lo, hi)
-    if dtype == "bf16":                    # the stored 16-bit parameters are the master, rounded
+    if WRITERS[name].dtype == "bf16":      # the stored 16-bit parameters are the master, rounded
         for index, _ in enumerate(reader.layers):
             master = reader.read_range(index, "master", 0, reader.layers[index]["numel"], np.float32)
             params = reader.read_range(index, "params", 0, reader.layers[index]["numel"], BF16)
@@ -277,24 +289,24 @@ def test_crc_is_checked_per_block_a_read_touches(checkpoints, tmp_path):
 
 def test_load_into_one_rank_engine_gives_the_checkpointed_state(checkpoints, tmp_path):
     """The positive control of the bad-checkpoint cases: the untouched copy loads."""
-    for dtype in WRITERS:
-        save_dir = copy_of(checkpoints, dtype, tmp_path / dtype)
+    for name, writer in WRITERS.items():
+        save_dir = copy_of(checkpoints, name, tmp_path / name)
         folder = latest_checkpoint(str(save_dir))
         assert folder == os.path.join(str(save_dir), STEP)
-        engine = fresh_engine(dtype=dtype)
+        engine = fresh_engine(dtype=writer.dtype)
         state = load_checkpoint(engine, folder)
         expected = {"step": 6, "loss_scale": 1.0, "loss_scale_good_steps": 0, "seed": 0, "shuffle": True,
                     "batch_size": 12}
         assert {key: state.get(key) for key in expected} == expected, state
         assert engine.stage.adam.t == 6
-        saved = load_weights(checkpoints[dtype] / "w.npz")
+        saved = load_weights(checkpoints[name] / "w.npz")
         for layer in engine.layout.layers:
             full = full_layer_params(engine.stage, layer)
-            assert np.array_equal(full.astype(np.float64), as_flat(saved, layer.index)), (dtype, layer.index)
+            assert np.array_equal(full.astype(np.float64), as_flat(saved, layer.index)), (name, layer.index)
             state_slice = engine.stage.owned(layer).state
             for kind, array in (("m", engine.stage.adam.m), ("v", engine.stage.adam.v)):
                 want = oracle_flat(folder, layer.index, kind)[:layer.numel]
-                assert same_bits(array[state_slice], want), (dtype, kind, layer.index)
+                assert same_bits(array[state_slice], want), (name, kind, layer.index)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -980,7 +992,7 @@ def test_export_bf16_keeps_bfloat16_and_the_fp32_master(checkpoints, tmp_path):
 def test_init_weights_from_exported_safetensors_starts_from_those_weights(checkpoints, tmp_path):
     """float64 runs of one step at lr 1e-12 from the export, from the consolidated .npz of the same
     checkpoint: bitwise the same, and within 1e-9 of the checkpoint's weights."""
-    for dtype in WRITERS:
+    for dtype in WRITERS:                         # the writer's name
         work = tmp_path / dtype
         copy_of(checkpoints, dtype, work)
         assert checkpoint_tool("export", "ck", "model.safetensors", "--optimizer", cwd=work).returncode == 0

@@ -656,7 +656,7 @@ def test_init_weights_loads_what_save_weights_wrote_across_n_and_stage(tmp_path)
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_report_json_is_one_document_whose_measurements_match_the_formulas(stage, dtype, micro_batches,
                                                                            bytes_per_param, tmp_path):
-    # odd widths: every layer is padded to a multiple of N = 3; --log-every 1 checks that progress
+    # layers of 455, 40 and 60 elements: two padded at N = 3; --log-every 1 checks that progress
     # lines go to stderr and leave stdout to the JSON document
     run = train_ok(3, "--stage", stage, "--hidden", "7,5", "--batch-size", 12, "--steps", 3,
                    "--dtype", dtype, "--grad-accum", micro_batches, "--log-every", 1, "--report", "json",

@@ -5,7 +5,7 @@ never the pickling lowercase ones. Each call is timed and recorded in the CommLe
 
     allreduce_sum(buf)               buf (n,) <- sum over ranks of buf               (stage 0)
     reduce_scatter_sum(full, shard)  shard (n/N,) <- (or +=) sum over ranks of full[r-th block]
-    reduce_scatter_sum_in_place(full) -> full[:n/N] holds that sum; the rest is garbage (stage 1)
+    reduce_scatter_sum_in_place(full) -> full[:n/N] holds that sum; the rest is undefined (stage 1)
     allgather(shard, full)           full (n,) <- concatenation of every rank's shard (stage 3)
     allgather_in_place(full)         full[r-th block] is rank r's contribution        (stages 1-2)
 
@@ -193,8 +193,10 @@ class Communicator(ControlMessages):
             shard += recv                                  # gradient accumulation: add this micro-batch
 
     def reduce_scatter_sum_in_place(self, full, purpose):
-        """Returns full[:n/N], holding the sum over ranks of this rank's block of full (n,). The
-        rest of full is garbage afterwards. (MPI_IN_PLACE: the reduced block lands at the front.)"""
+        """Returns full[:n/N], holding the sum over ranks of this rank's block of full (n,). What the
+        rest of full holds afterwards is the MPI library's to say (the standard does not; MPICH
+        leaves it as it was, another may use it as scratch): read none of it. (MPI_IN_PLACE: the
+        reduced block lands at the front.)"""
         shard = full[:full.size // self.size]
         if is_16bit(full):
             self._reduce_scatter_widened(full, shard, purpose)   # full is read before shard is written

@@ -16,7 +16,7 @@ from zerompi.checkpoint import load_checkpoint, save_checkpoint
 from zerompi.checkpoint.find import latest_checkpoint
 from zerompi.comm import Communicator
 
-SIZES = [13, 37, 53, 7]
+SIZES = [12, 37, 53, 7]   # a layer of 481 elements: a padded shard at every N > 1
 BATCH = 60                          # divisible by 1, 2, 3, 4, 5
 STEPS_BEFORE, STEPS_AFTER = 3, 3
 RANK_COUNTS = [1, 2, 3, 4, 5]

@@ -23,7 +23,7 @@ from zerompi.overlap import OverlapConfig
 from zerompi.overlap.thread import ThreadedCollectives
 from zerompi.step import count_correct
 
-SIZES = [13, 37, 53, 19, 7]      # 4 layers, none divisible by N: padding in every shard
+SIZES = [12, 37, 53, 19, 7]      # 4 layers of 481, 2014, 1026 and 140 elements: padding at every N > 1
 DELAY_S = 0.002
 GLOBAL_BATCH = 48                # divisible by N x micro-batches for N = 1, 2, 3, 4, 8 and 1 or 2
 

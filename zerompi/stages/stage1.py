@@ -74,7 +74,7 @@ class Stage1(ZeroStage):
         if self.last_micro_batch and bucket is not None:
             for each in bucket:
                 grad = self.grad_full[self.layout.full_slice(each)]
-                grad[each.numel:] = 0                    # padding: the last in-place reduce left garbage there
+                grad[each.numel:] = 0                    # padding: 0 (what the last in-place reduce left there is MPI's)
                 self.collectives.reduce_scatter_in_place(grad, GRADS)
 
     def reduce_grads(self):
