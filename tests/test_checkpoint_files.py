@@ -686,6 +686,19 @@ def test_a_symlinked_step_folder_that_does_not_verify_stops_the_run_naming_it(ch
     assert "step_00000009" in run.output and "step 6, but the folder is step 9" in run.output, run.describe()
 
 
+def test_a_partial_folder_holding_what_zerompi_did_not_write_is_refused_at_start_and_kept(checkpoints, tmp_path):
+    """A .partial-step_N folder was removed whole (shutil.rmtree), whatever it held."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    mine = save_dir / ".partial-step_00000099" / "mine"
+    mine.mkdir(parents=True)
+    (mine / "thesis.tex").write_text("months of work")
+    (save_dir / ".partial-step_00000099" / "rank00000.params.npy").write_text("a shard zerompi wrote")
+    run = launch(2, *RESUME, "--steps", 8, cwd=tmp_path)
+    assert run.returncode == 2 and run.output.count(ERROR_MARK) == 1, run.describe()
+    assert "ck/.partial-step_00000099 holds what zerompi did not write (mine)" in run.output, run.describe()
+    assert (mine / "thesis.tex").read_text() == "months of work" and not (tmp_path / "w.npz").exists()
+
+
 def test_stray_partial_entries_are_removed_at_start_under_the_lock(checkpoints, tmp_path):
     """A stray .partial-step_N file or link made the save fail after all the training, and
     --save-weights was lost; what a link points to is never removed."""
@@ -1042,7 +1055,7 @@ def test_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(small_tmpfs, 
     assert big.output.count(ERROR_MARK) == 1 and "Traceback" not in big.output, big.describe()
     line = next(line for line in big.output.splitlines() if ERROR_MARK in line)
     assert "tmpfs/big" in line and "No space left" in line, big.describe()
-    assert [n for n in os.listdir(small_tmpfs / "big") if not n.startswith(".partial-")] == [], big.describe()
+    assert os.listdir(small_tmpfs / "big") == [], big.describe()            # its partial shards removed too
     shutil.rmtree(small_tmpfs / "big")
 
     train_ok(2, *flags, "--hidden", 64, "--steps", 2, "--save-dir", "tmpfs/ck", cwd=tmp_path)
@@ -1063,7 +1076,7 @@ def test_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(small_tmpfs, 
     assert not (save_dir / "step_00000004").exists()
     for name, content in before.items():                       # nothing complete was touched
         assert after.get(name, "gone") == content, name
-    assert all(name.startswith(".partial-") for name in set(after) - set(before)), sorted(after)
+    assert set(after) == set(before), sorted(set(after) - set(before))      # no partial shards left
     result = checkpoint_tool("inspect", "tmpfs/ck", cwd=tmp_path)
     assert result.returncode == 0 and "step 2 " in result.stdout, describe(result)
     engine = fresh_engine([32, 64, 10], stage=2)

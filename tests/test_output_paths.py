@@ -126,3 +126,17 @@ def test_an_output_hard_linked_to_a_checkpoint_file_is_refused(inputs, flag, che
     os.unlink("out.npz")
     os.link("w.npz", "out.npz")                                    # another name of a file that is no checkpoint's
     assert verdict("--save-dir", "ck", "--resume", flag, "out.npz") is None
+
+
+@pytest.mark.parametrize("flag", ["--metrics", "--save-weights", "--trace"])
+def test_an_output_into_a_step_folder_linked_from_elsewhere_is_refused(inputs, flag):
+    """A step folder moved to another disk and linked back: --metrics elsewhere/ckpt4/manifest.json
+    with plain --resume wrote into the checkpoint being resumed (exit 0)."""
+    os.makedirs("elsewhere/ckpt4")
+    (inputs / "elsewhere" / "ckpt4" / "manifest.json").write_text("{}")
+    os.makedirs("ck")
+    os.symlink("../elsewhere/ckpt4", "ck/step_00000004")
+    line = verdict("--save-dir", "ck", "--resume", flag, "elsewhere/ckpt4/manifest.json")
+    assert line == (f"{flag} elsewhere/ckpt4/manifest.json would replace ck/step_00000004, which the checkpoints "
+                    f"there need: write it elsewhere"), line
+    assert verdict("--save-dir", "ck", "--resume", flag, "elsewhere/notes.npz") is None

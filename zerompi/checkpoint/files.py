@@ -94,16 +94,24 @@ def step_of(name):
 
 def replaces_checkpoint_file(path, save_dir, folder=None):
     """One line if writing `path` would replace what checkpoints keep: in save_dir, `latest`,
-    `.lock`, a step folder or a partial save; or anything inside the checkpoint folder `folder`,
-    whatever its name. Compared by real path (symlinks and `..` followed). Else None."""
+    `.lock`, a step folder (also where a step folder that is a link points) or a partial save; or
+    anything inside the checkpoint folder `folder`, whatever its name. Compared by real path
+    (symlinks and `..` followed). Else None."""
     target = os.path.realpath(path)
-    if folder is not None and os.path.commonpath([target, os.path.realpath(folder)]) == os.path.realpath(folder):
+
+    def inside(top):
+        return os.path.commonpath([target, top]) == top
+    if folder is not None and inside(os.path.realpath(folder)):
         return f"{path} would replace a file of the checkpoint {folder}"
     real_save_dir = os.path.realpath(save_dir)
-    if os.path.commonpath([target, real_save_dir]) == real_save_dir and target != real_save_dir:
+    if inside(real_save_dir) and target != real_save_dir:
         first = os.path.relpath(target, real_save_dir).split(os.sep)[0]
         if first in (LATEST, LOCK) or first.startswith(PARTIAL) or step_of(first):
             return f"{path} would replace {os.path.join(save_dir, first)}, which the checkpoints there need"
+    for name in _names(save_dir):                 # a step folder moved elsewhere and linked back
+        linked = os.path.join(save_dir, name)
+        if step_of(name) and os.path.islink(linked) and inside(os.path.realpath(linked)):
+            return f"{path} would replace {linked}, which the checkpoints there need"
     return None
 
 
@@ -139,6 +147,24 @@ def _names(folder):
 
 def shard_file_name(rank, kind):
     return f"rank{rank:05d}.{kind}.npy"
+
+
+SAVE_FILE = re.compile(r"rank\d{5,}\.[a-z]+\.npy|manifest\.json|\.manifest\.json\.tmp-.+")   # what a save writes
+
+
+def remove_partial(folder):
+    """Remove what a save (or a rotation half way) wrote in the partial folder `folder`, then the
+    folder if nothing else is left; returns the sorted names of what is left (not zerompi's)."""
+    left = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if SAVE_FILE.fullmatch(name) and not os.path.isdir(path):
+            os.unlink(path)
+        else:
+            left.append(name)
+    if not left:
+        os.rmdir(folder)
+    return left
 
 
 def on_disk(array):

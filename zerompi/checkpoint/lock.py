@@ -40,14 +40,13 @@ a killed run left; nothing else in save_dir is ever removed but by rotation (zer
 import atexit
 import errno
 import os
-import shutil
 import socket
 import time
 from dataclasses import dataclass
 
 from ..inputs import open_regular
 from .atomic import process_running
-from .files import LOCK, PARTIAL, CheckpointError, step_of
+from .files import LOCK, PARTIAL, CheckpointError, remove_partial, step_of
 
 
 ATTEMPTS = 3
@@ -132,17 +131,22 @@ def take_lock(save_dir):
 
 
 def remove_stale_partials(save_dir):
-    """Remove the .partial-step_* entries of saves that never completed (call under the lock): a
-    folder with what it holds; a file or a symbolic link itself (never what the link points to).
-    A save would otherwise fail on its name after all the training."""
+    """Remove the .partial-step_* entries of saves that never completed (call under the lock): in
+    a folder, what a save writes, then the folder; a file or a symbolic link itself (never what the
+    link points to). A save would otherwise fail on its name after all the training, so a folder
+    that holds anything else is refused (CheckpointError), and left as it is."""
     for name in os.listdir(save_dir):
         path = os.path.join(save_dir, name)
         if not (name.startswith(PARTIAL) and step_of(name[len(PARTIAL):])):
             continue
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
+        if not (os.path.isdir(path) and not os.path.islink(path)):
             os.unlink(path)
+            continue
+        left = remove_partial(path)
+        if left:
+            raise CheckpointError(f"{path} holds what zerompi did not write ({', '.join(left[:3])}"
+                                  f"{', ...' if len(left) > 3 else ''}): a save of that step would need the "
+                                  f"name; move it away")
 
 
 def _create(path, me):

@@ -38,7 +38,7 @@ from .atomic import fsync_folder
 from ..devices.device import to_numpy
 from .params import held_params
 from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, PARTIAL, VERSION, CheckpointError, manifest_text, on_disk,
-                    read_manifest, shard_file_name, step_folder_name, step_folder_problem,
+                    read_manifest, remove_partial, shard_file_name, step_folder_name, step_folder_problem,
                     write_text_atomically)
 
 
@@ -119,7 +119,9 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
             crcs[i, :len(file_crcs)] = file_crcs
     except OSError as e:
         error = f"cannot write checkpoint shard in {partial}: {e.strerror or e}"
-    if comm.any_failed(error):
+    if comm.any_failed(error):                  # every rank has stopped writing: rank 0 removes what they wrote
+        if comm.rank == 0:
+            _discard(partial)
         return error, None
 
     all_crcs = np.zeros((comm.size,) + crcs.shape, dtype=np.int64) if comm.rank == 0 else None
@@ -130,8 +132,18 @@ def save_checkpoint(engine, save_dir, training_state, keep_last):
     if comm.rank == 0:
         manifest = build_manifest(engine, training_state, kinds, all_crcs, all_offsets)
         error, published = complete(save_dir, partial, name, manifest, keep_last)
+        if error and published is None:          # not put in place: a full disk keeps none of it
+            _discard(partial)
     comm.any_failed(error)
     return error, published
+
+
+def _discard(partial):
+    """Remove an incomplete save's files and its folder (where the disk lets us)."""
+    try:
+        remove_partial(partial)
+    except OSError:                              # what is left, the next run removes under the lock
+        pass
 
 
 def complete(save_dir, partial, name, manifest, keep_last):
