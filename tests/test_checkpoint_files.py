@@ -686,6 +686,44 @@ def test_a_symlinked_step_folder_that_does_not_verify_stops_the_run_naming_it(ch
     assert "step_00000009" in run.output and "step 6, but the folder is step 9" in run.output, run.describe()
 
 
+def _set_unit(index, key, value):
+    return lambda m: m["units"][index].__setitem__(key, value)
+
+
+FORGED_FIELDS = [
+    # a manifest field forged (its checksum recomputed): what the one line names
+    ("run-a-string", lambda m: m.__setitem__("run", "steps lr"), "run must be an object"),
+    ("run-a-list", lambda m: m.__setitem__("run", {"steps": [4]}), "run must be an object"),
+    ("names-escapes", _set_unit(0, "names", ["\x1b[2J", "layers.0.bias"]), "names"),
+    ("names-climb-out", _set_unit(0, "names", ["../../../evil", "layers.0.bias"]), "names"),
+    ("names-twice", _set_unit(1, "names", ["layers.0.weight", "layers.0.bias"]), "names"),
+    ("names-a-number", _set_unit(0, "names", 5), "names"),
+    ("stage-escapes", lambda m: m.__setitem__("stage", "\x1b[31mX"), "stage"),
+    ("dtype-escapes", lambda m: m.__setitem__("dtype", "\x1b[31mX"), "dtype"),
+    ("seed-escapes", lambda m: m.__setitem__("seed", "\x1b[31mX"), "seed"),
+    ("shuffle-a-string", lambda m: m.__setitem__("shuffle", "yes"), "shuffle"),
+    ("batch-size-0", lambda m: m.__setitem__("batch_size", 0), "batch_size"),
+]
+
+
+@pytest.mark.parametrize("edit, says", [pytest.param(*case[1:], id=case[0]) for case in FORGED_FIELDS])
+def test_every_field_of_a_forged_manifest_is_checked(edit, says, checkpoints, tmp_path):
+    """The checksum is easy to recompute, so every field is checked: "run" as a string ended --resume
+    in a traceback; names with escape codes were printed raw, "../../../evil" became a zip member
+    that climbs out of the folder it is extracted in, twice the same name a UserWarning and an
+    .npz that --init-weights refuses; stage, dtype and seed were printed raw."""
+    save_dir = copy_of(checkpoints, "float32", tmp_path)
+    edit_manifest(save_dir / STEP, edit)
+    for command in (("inspect", f"ck/{STEP}"), ("consolidate", f"ck/{STEP}", "out.npz")):
+        result = checkpoint_tool(*command, cwd=tmp_path)
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, describe(result)
+        assert f"{STEP}/manifest.json" in result.stderr and says in result.stderr, describe(result)
+        assert "\x1b" not in result.stderr + result.stdout and "Traceback" not in result.stderr, describe(result)
+    run = launch(2, *RESUME, "--steps", 8, cwd=tmp_path)
+    assert run.returncode == 2 and run.output.count(ERROR_MARK) == 1 and "Traceback" not in run.output, run.describe()
+    assert not (tmp_path / "out.npz").exists()
+
+
 def test_a_partial_folder_holding_what_zerompi_did_not_write_is_refused_at_start_and_kept(checkpoints, tmp_path):
     """A .partial-step_N folder was removed whole (shutil.rmtree), whatever it held."""
     save_dir = copy_of(checkpoints, "float32", tmp_path)

@@ -37,8 +37,8 @@ def resolve(path):
 def inspect(folder, args):
     m = read_manifest(folder)
     files, blocks, total = verify_all(folder)
-    print(f"{folder}: step {m['step']} (Adam step {m['adam_steps']}), ZeRO stage {m['stage']}, "
-          f"{m['ranks']} ranks, {m['dtype']}, MLP {'-'.join(map(str, m['sizes']))}")
+    print(printable(f"{folder}: step {m['step']} (Adam step {m['adam_steps']}), ZeRO stage {m['stage']}, "
+                    f"{m['ranks']} ranks, {m['dtype']}, MLP {'-'.join(map(str, m['sizes']))}"))
     print(f"  state kinds: {', '.join(f'{k} ({d})' for k, d in m['kinds'].items())}")
     print(f"  data order: seed {m['seed']}, shuffle {m['shuffle']}, global batch {m['batch_size']}; "
           f"loss scale {m['loss_scale']:g}")
@@ -46,18 +46,18 @@ def inspect(folder, args):
         print(f"  {', '.join(layer['names'])}: {layer['numel']:,} elements, padded to {layer['padded']:,} "
               f"= {m['ranks']} x {layer['shard_size']:,}")
     print(f"  {files} shard files, {total:,} bytes: all {blocks} blocks match their CRC-32")
-    print(f"  {unverified_note(folder, m) or 'manifest: version 2, its SHA-256 matches'}")
+    print(printable(f"  {unverified_note(folder, m) or 'manifest: version 2, its SHA-256 matches'}"))
 
 
 def write_consolidated(folder, args):
     count = writing(args.output, consolidate, folder, args.output)
-    print(f"wrote {args.output}: {count} tensors from {folder}")
+    print(printable(f"wrote {args.output}: {count} tensors from {folder}"))
 
 
 def write_safetensors(folder, args):
     as_float32 = args.dtype == "float32"
     count = writing(args.output, export_safetensors, folder, args.output, args.optimizer, as_float32)
-    print(f"wrote {args.output}: {count} tensors{' (float32)' if as_float32 else ''} from {folder}")
+    print(printable(f"wrote {args.output}: {count} tensors{' (float32)' if as_float32 else ''} from {folder}"))
 
 
 class Format(NamedTuple):
@@ -115,7 +115,7 @@ def main(argv=None):
     try:
         folder, note = resolve(args.checkpoint)
         if note:
-            print(note)
+            print(printable(note))
         if args.command != "inspect":
             problem = replaces_checkpoint_file(args.output, os.path.dirname(os.path.abspath(folder)), folder)
             if problem:

@@ -311,6 +311,7 @@ def read_manifest(folder):
     try:
         _check_version_and_checksum(path, m)
         _check_numbers(path, m)
+        _check_training_state(path, m)
         _check_layout(path, m)
         _check_files(path, m)
         named = step_of(os.path.basename(os.path.normpath(folder)))
@@ -383,6 +384,22 @@ def _check_numbers(path, m):
         raise CheckpointError(f"{path}: parent {parent!r} is not a checkpoint folder name (step_XXXXXXXX[.K])")
 
 
+def _check_training_state(path, m):
+    """What the manifest tells the run that resumes (and `inspect` prints): of the types zerompi
+    writes, so that a forged one is one line, never a traceback or text that reaches a terminal."""
+    if not (_is_count(m["stage"]) and m["stage"] <= 3):
+        raise CheckpointError(f"{path}: stage must be 0, 1, 2 or 3, not {repr(m['stage'])[:40]}")
+    if m["dtype"] not in STATE_DTYPES:
+        raise CheckpointError(f"{path}: dtype must be one of {', '.join(STATE_DTYPES)}, not {repr(m['dtype'])[:40]}")
+    if not _is_count(m["seed"]) or type(m["shuffle"]) is not bool or not _is_count(m["batch_size"], 1):
+        raise CheckpointError(f"{path}: seed, shuffle and batch_size must be an integer >= 0, true or false and "
+                              f"an integer >= 1, not {repr(m['seed'])[:20]}, {repr(m['shuffle'])[:20]} and "
+                              f"{repr(m['batch_size'])[:20]}")
+    run = m.get("run", {})                                # the settings of the run that wrote it
+    if not (isinstance(run, dict) and all(isinstance(value, (int, float, str)) for value in run.values())):
+        raise CheckpointError(f"{path}: run must be an object of flags' values, not {repr(run)[:40]}")
+
+
 def _check_layout(path, m):
     sizes, ranks, kinds = m["sizes"], m["ranks"], m["kinds"]
     if not (isinstance(sizes, list) and len(sizes) >= 2 and all(_is_count(n, 1) for n in sizes)):
@@ -390,6 +407,10 @@ def _check_layout(path, m):
     if len(m["units"]) != len(sizes) - 1 or any(
             layer["shapes"] != [[out, inp], [out]] for layer, inp, out in zip(m["units"], sizes, sizes[1:])):
         raise CheckpointError(f"{path}: the layers' shapes do not follow sizes {sizes}")
+    for index, layer in enumerate(m["units"]):            # the names of the consolidated weights, as written
+        if layer.get("names") != [f"layers.{index}.weight", f"layers.{index}.bias"]:
+            raise CheckpointError(f"{path}: layer {index}'s names must be layers.{index}.weight and "
+                                  f"layers.{index}.bias, not {repr(layer.get('names'))[:40]}")
     shard_offset = 0
     for layer in m["units"]:
         numel = sum(math.prod(shape) for shape in layer["shapes"])
