@@ -327,6 +327,7 @@ BAD_INPUTS = [
 BAD_ENVIRONMENTS = [
     ("omp-num-threads-text", {"OMP_NUM_THREADS": "many"}, "OMP_NUM_THREADS='many'", (2, 1)),
     ("omp-num-threads-zero", {"OMP_NUM_THREADS": "0"}, "OMP_NUM_THREADS='0'", (2,)),
+    ("omp-num-threads-huge", {"OMP_NUM_THREADS": "99999999999999999999"}, "of at most 65536", (2,)),  # a traceback
 ]
 
 BAD_INPUT_PARAMS = [pytest.param(n, flags, keyword, maker, None, id=f"{name}-n{n}")

@@ -168,6 +168,7 @@ def test_cli_comm_table(capsys):
     ["--params", "7e9", "--ranks", "2000000"],
     ["--params", "7e9", "--ranks-per-node", "8", "--nodes", "10000000"],  # ran out of memory, then killed
     ["--params", "1e30", "--ranks", "8"],                                 # printed digits without end
+    ["--params", "7e9", "--bytes", "1e308", "1", "1"],                    # printed infG
     [],
 ])
 def test_cli_bad_input_exits_2(argv, capsys):

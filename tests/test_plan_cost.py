@@ -302,3 +302,26 @@ def test_a_calibration_that_is_no_bounded_file_is_one_line(kind, tmp_path):
     want = {"fifo": "is a FIFO", "zero": "is a character device", "deep": "nested too deeply",
             "huge": "larger than"}[kind]
     assert want in lines[0], result.stderr
+
+
+MACHINE = ("--gemm-gflops", 100, "--mem-bandwidth-gbs", 10, "--intra-bandwidth-gbs", 10, "--intra-latency-us", 1)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--params", 1e20), "more than any machine can address"),                 # an OverflowError traceback
+    (("--hidden", 10 ** 20), "more than any machine can address"),
+    (("--params", 1e9, "--layers", 100000), "more layers than the 4096 zerompi plans"),   # no answer in 100 s
+    (("--hidden", 8, "--gemm-gflops", 1e-320), "at least 2.23e-308"),           # "inf ms per step"
+])
+def test_a_model_or_machine_beyond_what_plans_is_one_line(flags, says):
+    result = plan_cli(*MACHINE, "--ranks", 2, *ROWS, *flags, timeout=60)      # a flag given again: the last wins
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) == 1 and says in result.stderr, result.stderr
+
+
+def test_a_calibration_whose_numbers_overflow_the_step_time_is_one_line(tmp_path):
+    path = tmp_path / "machine.json"
+    path.write_text(broken(lambda d: d.__setitem__("layer_overhead_s", 1e308)))
+    result = plan_cli("--calibration", path, "--hidden", "8,8", "--ranks", 2, *ROWS)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "predicted step time overflows" in result.stderr, result.stderr

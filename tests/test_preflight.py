@@ -147,6 +147,8 @@ def test_dry_run_takes_n_from_the_launcher_and_nodes_from_the_flag():
     (("--ranks", 2, "--hidden", 10 ** 21), "the MLP 64-1000000000000000000000-10 has 7.5e+22 parameters: more "
                                            "than any machine can address (2^63 bytes hold 5.8e+17 of them at "
                                            "16 bytes each); choose smaller --hidden or --classes"),
+    (("--ranks", 2, "--hidden", ",".join(["8"] * 5000)), "the MLP 64-...-10 (5001 layers) has more layers than the "
+                                                         "4096 zerompi plans: choose fewer layers"),   # minutes
 ])
 def test_dry_run_errors_are_one_line_exit_2(flags, message):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_"))}

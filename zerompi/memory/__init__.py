@@ -105,6 +105,7 @@ from dataclasses import dataclass
 STAGES = (0, 1, 2, 3)
 MOST_RANKS = 1 << 20                 # the most ranks zerompi tabulates or plans (zerompi/plan/preflight.py)
 MOST_PARAMS = (1 << 63) // 16        # parameters whose mixed-precision state fills 2^63 bytes: no machine holds more
+MOST_LAYERS = 4096                   # the deepest MLP zerompi plans: a refusal's search plans some 40 runs of it
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,20 @@ def _check(stage, num_params, num_ranks):
         raise ValueError(f"num_ranks must be >= 1, got {num_ranks!r}")
     if not num_params > 0:
         raise ValueError(f"num_params must be > 0, got {num_params!r}")
+
+
+def model_size_error(sizes):
+    """One line if an MLP of these widths is beyond what zerompi plans: more parameters than any
+    machine can address (their buffers' sizes would not fit a C long), or more than MOST_LAYERS
+    layers; else None."""
+    params = sum(out * (inp + 1) for inp, out in zip(sizes, sizes[1:]))
+    shown = "-".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]}-...-{sizes[-1]} ({len(sizes) - 1} layers)"
+    if params > MOST_PARAMS:
+        return (f"the MLP {shown} has {params:.2g} parameters: more than any machine can address (2^63 bytes "
+                f"hold {MOST_PARAMS:.2g} of them at 16 bytes each); choose smaller --hidden or --classes")
+    if len(sizes) - 1 > MOST_LAYERS:
+        return f"the MLP {shown} has more layers than the {MOST_LAYERS} zerompi plans: choose fewer layers"
+    return None
 
 
 def model_state_bytes(stage: int, num_params: float, num_ranks: int, b: BytesPerParam) -> dict:

@@ -25,6 +25,7 @@ from ..inputs import printable
 
 STAGE_NAMES = ("Baseline", "Stage 1", "Stage 2", "Stage 3")
 DEFAULT_RANKS = (1, 4, 8, 16, 32, 64, 128)
+MOST_BYTES_PER_PARAM = 1024          # float64 Adam keeps 32: a kilobyte a parameter is no precision there is
 DEFAULT_NODES = (1, 2, 4, 8, 16)
 GB = 1e9
 
@@ -44,9 +45,12 @@ def _parse_float(text):
 
 
 def positive_float(text):
+    """A positive number whose reciprocal is finite too (no denormal: 1e-320 GFLOP/s is an
+    infinite step time)."""
     value = _parse_float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    if not (value >= sys.float_info.min and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number (at least {sys.float_info.min:.3g}), "
+                                         f"got {text!r}")
     return value
 
 
@@ -62,6 +66,13 @@ def non_negative_float(text):
     value = _parse_float(text)
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def bytes_per_parameter(text):
+    value = non_negative_float(text)
+    if value > MOST_BYTES_PER_PARAM:
+        raise argparse.ArgumentTypeError(f"must be at most {MOST_BYTES_PER_PARAM} bytes a parameter, got {text!r}")
     return value
 
 
@@ -101,7 +112,7 @@ def _build_parser():
     bytes_choice.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
                               help="mixed: P=2 G=2 K=12 (fp16 params/grads, fp32 master+m+v); "
                                    "fp32: P=4 G=4 K=8 (default: %(default)s)")
-    bytes_choice.add_argument("--bytes", type=non_negative_float, nargs=3, metavar=("P", "G", "K"),
+    bytes_choice.add_argument("--bytes", type=bytes_per_parameter, nargs=3, metavar=("P", "G", "K"),
                               help="bytes per parameter of parameter, gradient and optimizer "
                                    "state, overriding --precision")
     nodes = parser.add_argument_group(

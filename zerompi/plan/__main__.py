@@ -22,7 +22,8 @@ import sys
 from ..exit_codes import ExitCode
 from ..hierarchy import FLAT, Grouping
 from ..inputs import available_bytes, format_bytes, printable
-from ..memory.table import OneLineParser, non_negative_float, positive_float, rank_count
+from ..memory import model_size_error
+from ..memory.table import OneLineParser, non_negative_float, parameter_count, positive_float, rank_count
 from ..overlap import OverlapConfig
 from ..pipes import until_reader_leaves
 from ..precision import DTYPE_NAMES, precision_for
@@ -66,7 +67,7 @@ def predict_parser():
     r = p.add_argument_group("the run")
     r.add_argument("--ranks", type=rank_count, default=1, help="N, ranks in all (default 1)")
     r.add_argument("--hidden", type=_widths, help="hidden layer widths, comma-separated")
-    r.add_argument("--params", type=positive_float, metavar="PSI",
+    r.add_argument("--params", type=parameter_count, metavar="PSI",
                    help="instead of --hidden: --layers hidden layers of the width that reaches PSI parameters")
     r.add_argument("--layers", type=rank_count, default=4, help="hidden layers for --params (default 4)")
     r.add_argument("--features", type=rank_count, default=DIGITS_FEATURES,
@@ -160,6 +161,8 @@ def predict(args, parser):
             parser.error(f"--params {args.params:g} is fewer than {args.layers} hidden layers of width 1 have")
         hidden = (width,) * args.layers
     sizes = (args.features, *hidden, args.classes)
+    if model_size_error(sizes):
+        parser.error(model_size_error(sizes))
     micro, accum = rows(args, parser)
     N, L = args.ranks, args.ranks_per_node or args.ranks
     node_of_rank = tuple(r // L for r in range(N))
@@ -172,6 +175,9 @@ def predict(args, parser):
                      watchdog=True)                    # zerompi.train's default --collective-timeout
         memory = max(need_bytes(s, rank) for rank in {0, N - 1})   # what the run's preflight asks for
         rows_out.append((name, memory, step_cost(plan_run(s), machine)))
+        if not math.isfinite(rows_out[-1][2].step_s):     # a machine of 1e308 s overheads, say
+            parser.error(f"{name}'s predicted step time overflows ({rows_out[-1][2].step_s}): the machine's "
+                         f"numbers are not a machine's")
     print(f"MLP {'-'.join(map(str, sizes))} ({shape.num_params:,} params, {precision.name}) | {N} ranks"
           f"{f', {L} per node' if L < N else ''} | {micro} rows per rank x {accum} micro-batches | overlap "
           f"{'on' if args.overlap else 'off'}")

@@ -24,6 +24,7 @@ from ..mpi import first_number
 # nothing about the ranks. SLURM_* count only when no MPI launcher set its own.
 LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS")
 LAUNCHER_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")   # ranks on this node
+MOST_THREADS = 1 << 16           # BLAS threads a rank may ask for (OpenBLAS takes a C int)
 
 
 def launch_mismatch(mpi_size, environ):
@@ -47,6 +48,7 @@ def threads_variable_error(environ):
     a comma-separated list, one count per nesting level: its first entry counts), else None."""
     value = environ.get("OMP_NUM_THREADS")
     first = (value or "").split(",")[0].strip()
-    if value is None or (first.isascii() and first.isdigit() and int(first) > 0):
+    if value is None or (first.isascii() and first.isdigit() and 0 < int(first) <= MOST_THREADS):
         return None
-    return f"OMP_NUM_THREADS={value!r} is not a positive integer: set it to the BLAS threads per rank, or unset it"
+    return (f"OMP_NUM_THREADS={value!r} is not a positive integer of at most {MOST_THREADS}: set it to the BLAS "
+            f"threads per rank, or unset it")

@@ -32,7 +32,7 @@ from ..exit_codes import ExitCode
 from ..hierarchy import FLAT
 from ..inputs import format_bytes, printable
 from ..ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
-from ..memory import MOST_PARAMS, MOST_RANKS, ring_traffic
+from ..memory import MOST_RANKS, model_size_error, ring_traffic
 from ..mpi import first_number, launcher_rank
 from ..overlap import OverlapConfig
 from ..pipes import until_reader_leaves
@@ -46,16 +46,6 @@ OP_NAMES = {ALLREDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALLGATHER
 
 def overlap_config(cfg):
     return OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
-
-
-def model_size_error(sizes):
-    """One line if the MLP of these widths has more parameters than any machine can address (their
-    buffers' sizes would not even fit a C long), else None."""
-    params = sum(out * (inp + 1) for inp, out in zip(sizes, sizes[1:]))
-    if params <= MOST_PARAMS:
-        return None
-    return (f"the MLP {'-'.join(map(str, sizes))} has {params:.2g} parameters: more than any machine can address "
-            f"(2^63 bytes hold {MOST_PARAMS:.2g} of them at 16 bytes each); choose smaller --hidden or --classes")
 
 
 def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None):

@@ -48,15 +48,15 @@ from ..checkpoint.lock import release_locks
 from ..checkpoint.training import check_save_dir, save_training_checkpoint, start_from
 from ..checkpoint.weights import check_writable, save_weights
 from ..comm import Communicator, abort_job
-from ..inputs import printable
-from ..mpi import MpiUnavailable, launcher_rank
 from ..devices.choice import check_device, select_device
 from ..devices.cpu import blas_threads
 from ..devices.nccl import NcclCommunicator
 from ..engine import build_engine
-from .grouping import grouping_error, resolve_grouping
 from ..exit_codes import ExitCode
+from ..inputs import printable
 from ..ledger import GRADS, METRICS, PARAMS
+from ..memory import model_size_error
+from ..mpi import MpiUnavailable, launcher_rank
 from ..observe.trace import Tracer, create_trace_file
 from ..observe.watchdog import MAX_STAGGER_SECONDS, await_announced_abort, report_then_abort, stagger
 from ..plan.preflight import preflight_error
@@ -66,13 +66,14 @@ from .agreement import agree, data_fields, run_fields, start_fields
 from .batches import MicroBatches
 from .config import TrainConfig, check_config, choices_before_mpi, parse_args
 from .data import Dataset, load_data
+from .destination import live_progress
 from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
 from .errors import ArgumentError
+from .grouping import grouping_error, resolve_grouping
 from .launch import launch_mismatch, threads_variable_error
 from .loss_scale import LossScaler, loss_scale_error
-from .destination import live_progress
 from .metrics import MetricsFile, StepMetrics, slurm_restarts
-from .planning import model_size_error, overlap_config, run_shape
+from .planning import overlap_config, run_shape
 from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
