@@ -455,7 +455,9 @@ def test_rotation_follows_only_verified_parents(parent, four_steps, tmp_path):
     train_ok(2, "--steps", 6, *COMMON, "--save-dir", "ck", "--resume", "--keep-last", 1, cwd=tmp_path)
     assert snapshot(tmp_path / "victim") == victim
     assert latest_name(save_dir) == STEP6 and not (save_dir / STEP4).exists()
-    assert (save_dir / STEP2).is_dir() or parent == "step_00000001"
+    linked = parent == "step_00000001"        # a valid name: step 2 verifies, joins the lineage, and goes too
+    assert (save_dir / STEP2).is_dir() == (not linked)
+    assert os.path.islink(save_dir / "step_00000001") == linked         # the link itself is never removed
     assert sorted(os.listdir(tmp_path)) == ["ck", "victim"]
 
 
@@ -595,3 +597,14 @@ def test_two_runs_on_one_save_dir_the_second_is_refused_and_the_first_finishes(t
     names = os.listdir(tmp_path / "ck")
     assert ".lock" not in names and not [n for n in names if n.startswith(".partial-")], names
     inspect_ok("ck", tmp_path)
+
+
+def test_a_save_dir_made_for_a_run_refused_after_the_lock_is_removed_again(tmp_path):
+    """--save-dir a/b/c with a --resume folder that does not exist: exit 2, and a/b/c was left."""
+    run = launch(2, "--steps", 2, *COMMON, "--save-dir", "a/b/c", "--resume", "nothere", cwd=tmp_path, timeout=60)
+    assert run.returncode == 2 and "nothere" in run.stderr, run.describe()
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "kept").mkdir()
+    run = launch(2, "--steps", 2, *COMMON, "--save-dir", "kept/ck", "--init-weights", "nope.npz", cwd=tmp_path,
+                 timeout=60)
+    assert run.returncode == 2 and os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []

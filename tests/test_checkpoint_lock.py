@@ -198,3 +198,14 @@ def test_a_run_that_stalled_between_creating_and_writing_its_lock_gives_way(tmp_
     with pytest.raises(CheckpointError, match="taken over by another run while this one was writing it"):
         lock.take_lock(str(tmp_path))
     assert (tmp_path / ".lock").read_text() == other and lock._held == []
+
+
+@pytest.mark.parametrize("target", ["stale", "dangling"])
+def test_a_lock_that_is_a_symbolic_link_is_named_as_one(tmp_path, target):
+    """A .lock symlink to a stale lock line read as 'other runs are starting'; a dangling one as
+    'no such file'."""
+    (tmp_path / "elsewhere").write_text(f"{socket.gethostname()} 1 started=x:1\n")
+    os.symlink(tmp_path / ("elsewhere" if target == "stale" else "nothing"), tmp_path / ".lock")
+    with pytest.raises(CheckpointError, match="a symbolic link, not a lock zerompi wrote.*remove"):
+        lock.take_lock(str(tmp_path))
+    assert os.path.islink(tmp_path / ".lock")

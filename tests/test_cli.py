@@ -280,6 +280,10 @@ BAD_INPUTS = [
     ("eps-vanishes-in-bf16", ["--eps", 1e-50, "--dtype", "bf16"], "--eps 1e-50 vanishes in float32", None, (2,)),
     ("eps-vanishes-in-float64", ["--eps", 5e-324, "--dtype", "float64"], "--eps 5e-324 vanishes in float64",
      None, (2,)),
+    ("lr-vanishes-in-float32", ["--lr", 1e-50], "--lr 1e-50 vanishes in float32", None, (2,)),
+    ("clip-norm-vanishes", ["--clip-norm", 1e-300], "--clip-norm 1e-300 vanishes in float32", None, (2,)),
+    ("decay-flips-the-weights", ["--weight-decay", 1e300], "must stay above 0: pass a smaller --weight-decay", None,
+     (2,)),
     ("lr-inf", ["--lr", "inf"], "--lr must be a finite number", None, (2,)),
     ("weight-decay-inf", ["--weight-decay", "inf"], "--weight-decay must be a finite number", None, (2,)),
     ("data-huge-label", ["--data", "{input}"], "more than 100000 classes", _huge_label, (2,)),
@@ -529,7 +533,7 @@ def test_exit_statuses_keep_their_numbers():
 def test_divergence_stops_with_one_error_exit_3_and_keeps_the_last_good_weights(dtype, tmp_path):
     """float32: a learning rate that blows the weights up until the loss is not finite.
     fp16: a loss scale that overflows at every step and halves until it is below the floor."""
-    flags = (["--lr", "1e30", "--lr-schedule", "constant", "--warmup-steps", 0] if dtype == "float32" else
+    flags = (["--lr", "1e30", "--weight-decay", 0, "--lr-schedule", "constant", "--warmup-steps", 0] if dtype == "float32" else
              ["--loss-scale", 2.0 ** 40, "--min-loss-scale", 2.0 ** 30])
     run = launch(3, "--dtype", dtype, "--steps", 50, "--hidden", 8, "--batch-size", 12, "--log-every", 0,
                  "--report", "none", "--save-weights", "w.npz", *flags, cwd=tmp_path)

@@ -11,7 +11,9 @@ import pytest
 
 from test_cli import train_ok, load_weights
 from zerompi.train.batch_rule import resolve_batch
-from zerompi.train.config import TrainConfig, check_config, choices_before_mpi, parse_args
+from zerompi.train.before_mpi import choices_before_mpi
+from zerompi.train.config import TrainConfig, parse_args
+from zerompi.train.config_checks import check_config
 from zerompi.train.errors import ArgumentError
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -604,3 +606,9 @@ def test_a_bad_value_given_on_the_command_line_over_a_file_names_the_flag(tmp_pa
     path = write(tmp_path, "run.toml", "lr = 0.01\n")
     cfg = parse_args(["--config", path, "--lr", "-1"])
     assert check_config(cfg, 1) == "--lr must be positive, got -1.0"
+
+
+def test_an_fp16_loss_scale_from_a_file_is_named_by_its_key(tmp_path):
+    path = write(tmp_path, "run.toml", 'dtype = "fp16"\nloss-scale = 2\nmin-loss-scale = 4\n')
+    assert error_of(["--config", path]) == f"{path}: min-loss-scale: --min-loss-scale 4 is above --loss-scale 2: " \
+                                           f"the run would stop at its first overflow"

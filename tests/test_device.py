@@ -213,8 +213,8 @@ def test_this_machines_mpi_is_not_cuda_aware_by_every_question():
 
 
 def test_the_device_and_the_watchdog_come_from_the_command_line_then_the_toml_config(tmp_path):
-    """What is read before MPI starts (zerompi/train/config.py, choices_before_mpi)."""
-    from zerompi.train.config import choices_before_mpi
+    """What is read before MPI starts (zerompi/train/before_mpi.py)."""
+    from zerompi.train.before_mpi import choices_before_mpi
     def early(*argv):
         choices = choices_before_mpi(list(argv))
         return choices.device, choices.collective_timeout

@@ -31,7 +31,8 @@ from test_cli import ERROR_MARK, files_under, launch, loss_lines, train_ok
 from zerompi.step import StepResult
 from zerompi.train.progress import Progress
 from zerompi.ledger import MEMORY_KINDS
-from zerompi.checkpoint.files import MANIFEST, manifest_text
+from zerompi.checkpoint.files import MANIFEST
+from zerompi.checkpoint.manifest import manifest_text
 
 METRICS_KEYS = {"step", "time", "restarts", "loss", "accuracy", "lr", "grad_norm", "applied", "loss_scale", "step_seconds",
                 "samples_per_second", "comm"}
@@ -210,7 +211,7 @@ def test_live_line_on_a_terminal_and_plain_lines_otherwise(tmp_path):
 
 
 def test_a_diverged_run_erases_the_live_line_before_its_error(tmp_path):
-    text = run_on_pty("--steps", 40, "--hidden", 16, "--log-every", 0, "--report", "none", "--lr", "1e6",
+    text = run_on_pty("--steps", 40, "--hidden", 16, "--log-every", 0, "--report", "none", "--lr", "1e30", "--weight-decay", 0,
                       "--progress", "live", cwd=tmp_path, expected_status=3)
     before_error = text[:text.index("zerompi: error:")]
     assert "steps/s" in before_error and re.search(r"\r +\r$", before_error), before_error  # drawn, then erased

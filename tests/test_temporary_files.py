@@ -66,3 +66,19 @@ def test_a_trace_killed_mid_run_leaves_a_temporary_the_next_run_removes(tmp_path
     assert len(left) == 1 and left[0].startswith(f".t.json.tmp-{socket.gethostname()}-"), left
     train_ok(2, *flags[:1], 4, *flags[2:], cwd=tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["t.json"]
+
+
+def test_an_output_that_is_a_link_to_a_file_is_written_through_it(tmp_path):
+    """--save-weights lnk.npz (lnk.npz -> shared/model.npz) replaced the link by a file of its own
+    and left the shared model stale; --metrics wrote through the link: now every output does."""
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "model.npz").write_bytes(b"old")
+    (tmp_path / "shared" / "t.json").write_bytes(b"old")
+    os.symlink("shared/model.npz", tmp_path / "lnk.npz")
+    os.symlink("shared/t.json", tmp_path / "t.json")
+    train_ok(2, "--steps", 2, "--hidden", 4, "--batch-size", 12, "--log-every", 0, "--report", "none",
+             "--save-weights", "lnk.npz", "--trace", "t.json", cwd=tmp_path)
+    assert os.path.islink(tmp_path / "lnk.npz") and os.path.islink(tmp_path / "t.json")
+    assert (tmp_path / "shared" / "model.npz").read_bytes()[:2] == b"PK"          # the consolidated .npz
+    assert (tmp_path / "shared" / "t.json").read_bytes().startswith(b'{"traceEvents"')
+    assert sorted(os.listdir(tmp_path / "shared")) == ["model.npz", "t.json"]     # no temporary left

@@ -14,7 +14,7 @@ from helpers import LR, WEIGHT_DECAY, consolidated, make_batches, make_engine, r
 from reference import adamw_train, initial_weights
 from test_checkpoint_resumes_on_any_n_and_stage import BATCH, SIZES, STEPS_AFTER, STEPS_BEFORE, sub_communicator
 from zerompi.checkpoint import load_checkpoint, save_checkpoint
-from zerompi.checkpoint.files import read_manifest
+from zerompi.checkpoint.manifest import read_manifest
 from zerompi.checkpoint.find import latest_checkpoint
 from zerompi.hierarchy import FLAT, Grouping
 

@@ -75,7 +75,7 @@ def test_resharded_resume_matches_the_uninterrupted_run(stage_src, shared_folder
 def test_stage_3_reads_only_its_own_ranges(shared_folder, monkeypatch):
     """A stage-3 rank loading a checkpoint touches only the elements it will hold: counted at the
     reader, the total over ranks equals the model's state once, not N times."""
-    from zerompi.checkpoint import files
+    from zerompi.checkpoint import reader
     world = MPI.COMM_WORLD
     save_dir = os.path.join(shared_folder, "stage3-own-ranges")
     if world.rank == 0:
@@ -87,13 +87,13 @@ def test_stage_3_reads_only_its_own_ranges(shared_folder, monkeypatch):
              "batch_size": 24}
     assert save_checkpoint(engine, save_dir, state, keep_last=0)[0] is None
     read = []
-    original = files.CheckpointReader.read_range
+    original = reader.CheckpointReader.read_range
 
     def counting_read_range(self, layer_index, kind, lo, hi, dtype):
         read.append(min(hi, self.layers[layer_index]["numel"]) - min(lo, self.layers[layer_index]["numel"]))
         return original(self, layer_index, kind, lo, hi, dtype)
 
-    monkeypatch.setattr(files.CheckpointReader, "read_range", counting_read_range)
+    monkeypatch.setattr(reader.CheckpointReader, "read_range", counting_read_range)
     load_checkpoint(make_engine(3, SIZES, np.float64, Communicator(), 24), latest_checkpoint(save_dir))
     total = np.array([sum(read)], dtype=np.int64)
     world.Allreduce(MPI.IN_PLACE, total)

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 from ..inputs import printable
 from .export import consolidate, export_safetensors, verify_all
-from .files import MANIFEST, CheckpointError, replaces_checkpoint_file, read_manifest, unverified_note
+from .files import MANIFEST, CheckpointError, replaces_checkpoint_file
+from .manifest import read_manifest, unverified_note
 from .find import find_checkpoint
 from .safetensors_io import SafetensorsError
 

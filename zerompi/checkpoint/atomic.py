@@ -15,7 +15,9 @@ here (weights, exports, manifests, `latest`, the trace); shard files are written
 `.partial-` folder that is renamed as a whole (zerompi/checkpoint/save.py), the lock is created
 with O_EXCL (lock.py), and --metrics is appended to line by line (zerompi/train/metrics.py).
 An existing path that is not a regular file (a FIFO, a device such as /dev/null, a folder) is
-refused before anything is written: the rename would replace the node itself.
+refused before anything is written: the rename would replace the node itself. A path that is a
+symbolic link to a file is written through, as open() writes: the file it names is replaced (the
+temporary beside it), and the link stays.
 
 File modes: every file zerompi creates gets the mode a plain open() would give it, 0o666 narrowed
 by the umask (and by a default ACL on the folder), so that colleagues sharing a project folder
@@ -96,10 +98,16 @@ def process_running(pid):
         return True
 
 
+def written_through(path):
+    """The file a write to `path` replaces: the one a symbolic link names, else path itself."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
 @contextmanager
 def atomic_file(path, mode="wb"):
     if os.path.lexists(path) and not os.path.isfile(path):           # a FIFO, a device, a folder
         raise OSError(errno.EEXIST, "it exists and is not a regular file", path)
+    path = written_through(path)
     folder = os.path.dirname(os.path.abspath(path))
     handle, tmp = create_temporary(path)
     try:

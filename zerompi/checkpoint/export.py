@@ -15,7 +15,7 @@ import numpy as np
 
 from .safetensors_io import write_safetensors
 from .weights import write_npz
-from .files import CheckpointReader
+from .reader import CheckpointReader
 
 
 def tensor_ranges(manifest):

@@ -4,7 +4,7 @@
     the newest checkpoint continuing from it     when one does: its save completed, but the
                                                  rewrite of `latest` failed (a stale `latest`)
     the newest step folder whose manifest        when `latest` is missing or unusable (a FIFO,
-    verifies (zerompi/checkpoint/files.py)       a folder, a name outside the save directory)
+    verifies (zerompi/checkpoint/manifest.py)    a folder, a name outside the save directory)
 
 A step folder may be a symbolic link to a folder (a checkpoint moved to another disk and linked
 back): it is read like the others, and its manifest must verify; rotation never removes it.
@@ -15,7 +15,8 @@ the run with one line instead: nothing is skipped silently.
 import os
 
 from ..inputs import open_regular
-from .files import LATEST, CheckpointError, read_manifest, step_folder_problem, step_of
+from .files import LATEST, CheckpointError, step_folder_problem, step_of
+from .manifest import read_manifest
 
 
 def latest_checkpoint(save_dir):

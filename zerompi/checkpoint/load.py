@@ -16,7 +16,8 @@ from the manifest.
 """
 
 from .params import held_params
-from .files import CheckpointError, CheckpointReader
+from .files import CheckpointError
+from .reader import CheckpointReader
 
 TRAINING_STATE = ("step", "loss_scale", "loss_scale_good_steps", "seed", "shuffle", "batch_size", "dtype")
 

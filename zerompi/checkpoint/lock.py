@@ -193,6 +193,9 @@ def _unlink_if(path, status):
 def _found(path, save_dir):
     """(Holder, or None for an empty lock; the file's (device, inode)) of the lock in place; None
     when it no longer exists. Raises CheckpointError for a lock zerompi did not write."""
+    if os.path.islink(path):                            # zerompi creates a file; whose is a link?
+        raise CheckpointError(f"{path}: a symbolic link, not a lock zerompi wrote; if no run uses {save_dir}, "
+                              f"remove {path}")
     try:
         with open_regular(path, CheckpointError, "r") as f:
             identity = _identity(os.fstat(f.fileno()))

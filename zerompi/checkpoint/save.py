@@ -37,9 +37,9 @@ import numpy as np
 from .atomic import fsync_folder
 from ..devices.device import to_numpy
 from .params import held_params
-from .files import (BLOCK_BYTES, FORMAT, LATEST, MANIFEST, PARTIAL, VERSION, CheckpointError, manifest_text, on_disk,
-                    read_manifest, remove_partial, shard_file_name, step_folder_name, step_folder_problem,
-                    write_text_atomically)
+from .files import (BLOCK_BYTES, LATEST, MANIFEST, PARTIAL, CheckpointError, on_disk, remove_partial, shard_file_name,
+                    step_folder_name, step_folder_problem, write_text_atomically)
+from .manifest import FORMAT, VERSION, manifest_text, read_manifest
 
 
 def state_kinds(stage):

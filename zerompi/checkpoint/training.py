@@ -13,6 +13,7 @@
     save:    every --save-every steps, at the end, and when preempted (a signal during the
              training loop: zerompi/train/signals.py), into --save-dir
 """
+import atexit
 import os
 
 import ml_dtypes
@@ -81,6 +82,15 @@ def start_from(engine, cfg, scaler):
         resumed += (f"; note: {', '.join(changed)} since the checkpoint: the run continues from there, but "
                     f"not as the uninterrupted run would have")
     return state["step"], _lines(notes + [state["note"], resumed]), lineage, folder
+
+
+def _remove_if_empty(folders):
+    """At exit: remove the folders check_save_dir made (innermost first) that hold nothing."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:                        # holds checkpoints (or anything): kept, and its parents
+            return
 
 
 def _lines(notes):
@@ -156,11 +166,19 @@ def save_training_checkpoint(engine, cfg, step, scaler, lineage):
 
 
 def check_save_dir(cfg):
-    """One-line error if --save-dir cannot hold checkpoints (rank 0 creates it), else None."""
+    """One-line error if --save-dir cannot hold checkpoints (rank 0 creates it), else None. The
+    folders it creates are removed when the process ends, if the run left nothing in them (bad
+    input found after the lock was taken: nothing written)."""
+    made, folder = [], os.path.abspath(cfg.save_dir)
+    while not os.path.lexists(folder):
+        made.append(folder)
+        folder = os.path.dirname(folder)
     try:
         os.makedirs(cfg.save_dir, exist_ok=True)
     except OSError as e:
         return f"cannot use --save-dir {cfg.save_dir}: {e.strerror or e}"
+    if made:                                   # registered before the lock: removed after its release
+        atexit.register(_remove_if_empty, made)
     if not os.access(cfg.save_dir, os.W_OK):
         return f"cannot use --save-dir {cfg.save_dir}: not writable"
     return None

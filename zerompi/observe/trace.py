@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 
-from ..checkpoint.atomic import create_temporary, fsync_folder
+from ..checkpoint.atomic import create_temporary, fsync_folder, written_through
 from ..inputs import printable
 
 FLUSH_EVERY_STEPS = 32           # steps between two gathers of the events to rank 0's file
@@ -160,9 +160,9 @@ class TraceFile:
     warning line, the temporary file removed, and every later call does nothing."""
 
     def __init__(self, path, ranks):
-        self.path = path
-        self.folder = os.path.dirname(os.path.abspath(path))
-        handle, self.tmp = create_temporary(path)
+        self.path = written_through(path)            # a link to a file: that file is replaced
+        self.folder = os.path.dirname(os.path.abspath(self.path))
+        handle, self.tmp = create_temporary(self.path)
         self.file = open(handle, "wb")
         self.write(b'{"traceEvents": [\n' + ",\n".join(map(json.dumps, metadata_events(ranks))).encode())
 

@@ -14,8 +14,8 @@ forever: MPI collectives have no timeout. The watchdog gives them one.
         print which one and which rank waited, and MPI_Abort the job (exit status ExitCode.COLLECTIVE_TIMEOUT)
 
 The world's watchdog starts with the Communicator, at the limit read before MPI starts
-(zerompi/train/config.py, choices_before_mpi), so that MPI's first collective is watched too; the
-limit may change later (Guards.turn_on: 0 leaves the thread idle).
+(zerompi/train/before_mpi.py), so that MPI's first collective is watched too; the limit may
+change later (Guards.turn_on: 0 leaves the thread idle).
 
 mpi4py releases the GIL inside MPI calls, so the thread runs while the main thread waits; mpi4py
 initializes MPI with MPI_THREAD_MULTIPLE, so the thread may call MPI_Abort.
@@ -108,6 +108,7 @@ class CollectiveWatchdog:
             report_then_abort(f"zerompi: error: rank {self.rank} waited {waited:.1f} s in {self.kind} "
                               f"({self.purpose}{size}) for ranks that never joined it (limit: --collective-timeout "
                               f"{limit:g}): a rank is stopped, dead, or in another collective "
-                              f"(--check-collectives finds that); ending the job", self.abort,
+                              f"(--check-collectives finds that), or the limit is shorter than the collective "
+                              f"takes; ending the job", self.abort,
                               ExitCode.COLLECTIVE_TIMEOUT)
             return

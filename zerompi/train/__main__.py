@@ -8,7 +8,7 @@ them. Where the MPI library cannot be loaded, a run is one line, exit 2 (run.py)
 import os
 import sys
 
-from .config import answer_without_mpi
+from .before_mpi import answer_without_mpi
 
 answer_without_mpi(sys.argv[1:], os.environ)       # --help, --version: printed, exit 0
 from .planning import answer_dry_run                 # noqa: E402

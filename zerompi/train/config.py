@@ -1,5 +1,5 @@
 """Training configuration: one dataclass whose fields carry their defaults, help and flags; the
-command line built from it; its checks.
+command line built from it.
 
 Each TrainConfig field is an `option(default, help, group, ...)`: build_parser turns it into
 `--field-name` in its argument group, typed by its default (a bool becomes --x/--no-x, a tuple of
@@ -7,30 +7,27 @@ widths a comma-separated list), with any `choices` argparse then enforces itself
 
 The batch sizes are resolved in one place for flags, TOML and DeepSpeed files alike: batch_rule.py
 (global batch = micro-batch x accumulation x N, any two deciding the third). The output paths are
-checked against the inputs by output_paths.py. --help and --version are answered before MPI starts
-(answer_without_mpi).
+checked against the inputs by output_paths.py, every value by config_checks.py. What is read
+before MPI starts (--help, --version, --device, --collective-timeout) is read by before_mpi.py.
 
 The defaults train the shipped handwritten digits with `mpirun -n 8 python -m zerompi.train` in well
-under a minute on 2 cores. Every check here runs identically on every rank (it depends only on the
-arguments, N and the files the paths name), so every rank reaches the same verdict without
-communicating.
+under a minute on 2 cores.
 """
 import argparse
-import math
 import textwrap
 from dataclasses import dataclass, field, fields
 
 from .batch_rule import DEFAULT_MICRO_BATCH, resolve_batch
+from .config_checks import check_config
 from .config_files import CommandLine, ConfigFileError, flags_from_file
 from .environment import ENVIRONMENT
 from .errors import ArgumentError
-from .output_paths import output_overwrites_input
 from .version import version_text
 from ..devices.choice import DEVICE_CHOICES
 from ..exit_codes import EXIT_MEANINGS, ExitCode
-from ..mpi import launcher_rank
-from ..precision import DTYPE_NAMES, precision_for
+from ..precision import DTYPE_NAMES
 from .schedule import SCHEDULES
+from .loss_scale import loss_scale_error
 
 
 COMM_CHOICES = ("mpi", "nccl")
@@ -258,55 +255,6 @@ def build_parser(rank=0):
     return p
 
 
-def answer_without_mpi(argv, environ):
-    """--help or --version (exactly those, as argparse would also read them in the full parse):
-    printed by the launcher's rank 0 only, then exit 0; called before anything imports mpi4py.MPI,
-    so that they work where MPI cannot start. Any other command line: returns."""
-    peek = _Parser(rank=None, add_help=False, allow_abbrev=False)
-    peek.add_argument("-h", "--help", action="store_true")
-    peek.add_argument("--version", action="store_true")
-    try:
-        args = peek.parse_known_args(argv)[0]
-    except ArgumentError:                      # e.g. --help=x: the full parse reports it
-        return
-    if not (args.help or args.version):
-        return
-    rank = launcher_rank(environ)
-    if args.help:
-        build_parser(rank).print_help()
-    elif rank == 0:
-        print(version_text(), flush=True)
-    raise SystemExit(ExitCode.OK)
-
-
-def choices_before_mpi(argv):
-    """--device and --collective-timeout from the command line, or from the TOML file --config
-    names, read before MPI starts: the GPU is chosen before MPI_Init (zerompi/devices/choice.py says
-    why), and the watchdog guards the collectives from the first one. A value that does not parse,
-    or a file that does not read, counts as the default: the full parse reports it later."""
-    peek = _Parser(rank=None, add_help=False)
-    peek.add_argument("--device")
-    peek.add_argument("--collective-timeout", type=float)
-    peek.add_argument("--config", default="")
-    empty = argparse.Namespace(device=None, collective_timeout=None, config="")
-    try:
-        args = peek.parse_known_args(values_joined(argv))[0]
-    except ArgumentError:
-        args = empty
-    if None in (args.device, args.collective_timeout) and args.config and not args.config.endswith(".json"):
-        try:
-            toml = peek.parse_known_args(flags_from_file(args.config, False, _file_keys(), None)[0])[0]
-        except (ArgumentError, ConfigFileError):
-            toml = empty
-        args.device = args.device or toml.device
-        args.collective_timeout = args.collective_timeout if args.collective_timeout is not None \
-            else toml.collective_timeout
-    timeout = args.collective_timeout
-    valid = timeout is not None and math.isfinite(timeout) and timeout >= 0
-    return argparse.Namespace(device=args.device or TrainConfig.device,
-                              collective_timeout=timeout if valid else TrainConfig.collective_timeout)
-
-
 def _file_keys():
     """{long flag name: the type of its value (bool for a --x/--no-x switch, int, float, str, tuple
     for a list of widths)}: the keys a TOML config file may hold."""
@@ -378,7 +326,8 @@ def parse_args(argv, rank=0, num_ranks=1):
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum = resolve_batch(
         cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum, num_ranks)
-    error = check_config(cfg, num_ranks) if keys else None
+    error = (check_config(cfg, num_ranks) or loss_scale_error(DTYPE_NAMES[cfg.dtype] == "float16", cfg.loss_scale,
+                                                             cfg.min_loss_scale)) if keys else None
     flag = error and error.split()[0]
     if flag in keys and flag not in _given(argv):        # the file's value, not the command line's
         raise ArgumentError(f"{name}: {keys[flag]}: {error}")
@@ -399,60 +348,3 @@ def _given(argv):
         if len(set(matches)) == 1:
             given.add(matches[0])
     return given
-
-
-def check_config(cfg, num_ranks):
-    """The first problem with cfg for N = num_ranks, as a one-line message, or None."""
-    if cfg.comm == "nccl" and cfg.device == "cpu":
-        return "--comm nccl needs --device gpu (NCCL moves GPU memory only)"
-    if not (math.isfinite(cfg.bucket_mb) and cfg.bucket_mb >= 0):
-        return f"--bucket-mb must be a finite number >= 0, got {cfg.bucket_mb}"
-    if cfg.prefetch < 0:
-        return f"--prefetch must be >= 0, got {cfg.prefetch}"
-    for name in ("steps", "loss_scale_window"):
-        if getattr(cfg, name) <= 0:
-            return f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}"
-    if cfg.classes < 0:
-        return f"--classes must be positive (or 0 for: from the labels), got {cfg.classes}"
-    if cfg.save_every < 0 or cfg.keep_last < 0:
-        return f"--save-every and --keep-last must be >= 0, got {cfg.save_every} and {cfg.keep_last}"
-    if (cfg.save_every or cfg.resume == "latest") and not cfg.save_dir:
-        return "--save-every and --resume (without a folder) need --save-dir"
-    if cfg.resume and cfg.init_weights:
-        return "--resume and --init-weights both set the starting weights: choose one"
-    if cfg.log_every < 0:
-        return f"--log-every must be >= 0, got {cfg.log_every}"
-    if cfg.warmup_steps < 0:
-        return f"--warmup-steps must be >= 0, got {cfg.warmup_steps}"
-    if cfg.seed < 0:
-        return f"--seed must be >= 0, got {cfg.seed}"
-    for name in ("lr", "weight_decay", "beta1", "beta2", "eps", "min_lr", "clip_norm", "loss_scale",
-                 "min_loss_scale"):
-        if not math.isfinite(getattr(cfg, name)):
-            return f"--{name.replace('_', '-')} must be a finite number, got {getattr(cfg, name)}"
-    if not cfg.lr > 0:
-        return f"--lr must be positive, got {cfg.lr}"
-    if not cfg.weight_decay >= 0:
-        return f"--weight-decay must be >= 0, got {cfg.weight_decay}"
-    if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1):
-        return f"--beta1 and --beta2 must be in [0, 1), got {cfg.beta1} and {cfg.beta2}"
-    if not cfg.eps > 0:
-        return f"--eps must be positive, got {cfg.eps}"
-    compute = precision_for(cfg.dtype).compute                # where Adam adds eps (zerompi/adam.py)
-    if compute.type(cfg.eps * math.sqrt(1.0 - cfg.beta2)) == 0 or compute.type(cfg.eps) == 0:
-        return (f"--eps {cfg.eps!r} vanishes in {compute.name}: Adam adds eps sqrt(1 - beta2^t) "
-                f"({cfg.eps * math.sqrt(1.0 - cfg.beta2):.3g} at step 1), which rounds to 0 there, and an element "
-                f"whose gradient is 0 then divides 0 by 0: pass a larger --eps (the default is {TrainConfig.eps:g})")
-    if not 0 <= cfg.min_lr <= cfg.lr:
-        return f"--min-lr must be in [0, --lr], got {cfg.min_lr}"
-    if cfg.clip_norm < 0:
-        return f"--clip-norm must be >= 0 (0: off), got {cfg.clip_norm}"
-    if not (math.isfinite(cfg.collective_timeout) and cfg.collective_timeout >= 0):
-        return f"--collective-timeout must be >= 0 seconds (0: off), got {cfg.collective_timeout}"
-    if not cfg.loss_scale > 0 or not cfg.min_loss_scale > 0:
-        return f"--loss-scale and --min-loss-scale must be positive, got {cfg.loss_scale}, {cfg.min_loss_scale}"
-    overwrites = output_overwrites_input(cfg)
-    if overwrites is None and cfg.save_weights and not cfg.save_weights.endswith(".npz"):   # read by suffix
-        return (f"--save-weights {cfg.save_weights} writes a consolidated .npz, so its name must end in .npz "
-                f"(for safetensors: --save-dir, then python -m zerompi.checkpoint export CKPT OUT.safetensors)")
-    return overwrites

@@ -5,7 +5,12 @@ A step whose loss or gradient is not finite is not applied (zerompi/step.py). Ou
 stops at once; so it does in fp16 when the loss itself is not finite (the forward pass overflowed,
 before the loss is scaled: no loss scale helps). In fp16 a gradient that overflows lowers the loss
 scale instead (zerompi/train/loss_scale.py), and the run stops when the scale falls below
---min-loss-scale, or when its last 10 steps (all, if fewer) were all skipped (run.py).
+--min-loss-scale, or when its last 10 steps (all, if fewer) were all skipped (Stalls, below).
+
+Nothing learnt: a run whose last STALLED_AT_THE_END steps (all, if fewer) changed no weight,
+every one skipped (fp16: the gradient overflowed at every loss scale tried) or every one of a
+gradient that is exactly 0 (fp16: a loss scale so small that the gradients round to 0), ends
+DIVERGED with one line: it is no success.
 
 Non-finite parameters: an update can take them past the storage dtype's range (float16 ends at
 65504; an --lr of 1e300 overflows any dtype). The next step's loss and gradient are then not
@@ -42,6 +47,34 @@ def not_finite_message(step, result, comm, loss_scaled=False):
         return (f"step 1: {grad}; {loss}: before any update, so the data or the initial weights are too "
                 f"large for the compute dtype: check their scale")
     return f"step {step}: {grad}; {loss}: lower --lr or try --clip-norm"
+
+
+STALLED_AT_THE_END = 10
+
+
+class Stalls:
+    """Steps in a row, up to the latest, that changed no weight: skipped, or of a zero gradient."""
+
+    def __init__(self):
+        self.skipped = self.zero = 0
+
+    def add(self, result):
+        self.skipped = 0 if result.applied else self.skipped + 1
+        self.zero = self.zero + 1 if result.applied and result.grad_norm == 0 else 0
+
+    def message(self, steps, steps_run, loss_scale):
+        """One line if the last STALLED_AT_THE_END of the steps_run steps (all, if fewer) changed nothing."""
+        last = min(STALLED_AT_THE_END, steps_run)
+        if not last or max(self.skipped, self.zero) < last:
+            return None
+        were = "the last step was" if last == 1 else f"the last {last} steps were all"
+        since = steps - max(self.skipped, self.zero)
+        if self.skipped >= last:
+            return (f"{were} skipped for a gradient overflow (the loss scale is {loss_scale:g} now): the weights "
+                    f"have not changed since step {since}; lower --lr, or train in bf16")
+        return (f"{were} of a gradient that is 0: the weights have not learnt since step {since} (in fp16, a "
+                f"--loss-scale so small that the gradients round to 0; else a model whose outputs do not depend "
+                f"on its weights)")
 
 
 def first_non_finite_layer(engine):

@@ -17,7 +17,6 @@ set it (to anything but a positive integer: an error, checked here), else the CP
 may run on (its affinity mask) divided by the ranks on its node, at least 1
 (zerompi/devices/cpu.py's blas_threads, which the planner's calibration uses too).
 """
-from ..mpi import first_number
 
 # The innermost launcher first: `mpirun` inside a Slurm allocation starts its proxies with srun, so
 # its ranks also inherit the proxy step's SLURM_* variables (one task per node), which then say

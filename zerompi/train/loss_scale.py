@@ -27,13 +27,11 @@ class LossScaler:
         self.growth_interval = growth_interval
         self.min_scale = min_scale
         self.good_steps = 0
-        self.skipped_in_a_row = 0        # steps skipped since the last one applied (this run's)
 
     def update(self, applied):
         """After each step: returns a line describing a change of scale, or None."""
         if not self.enabled:
             return None
-        self.skipped_in_a_row = 0 if applied else self.skipped_in_a_row + 1
         if not applied:
             self.good_steps = 0
             self.scale /= 2.0

@@ -3,7 +3,7 @@
 output_overwrites_input(cfg) checks the outputs (--save-weights, --metrics, --trace, --tensorboard,
 --save-dir's checkpoints) against the inputs (--data, --init-weights, --config, --deepspeed-config),
 against each other and against the checkpoint folders (by path, and by device and inode: a hard
-link), before anything is written: one line for config.py's check_config, or None.
+link), before anything is written: one line for config_checks.py's check_config, or None.
 """
 import os
 

@@ -22,7 +22,8 @@ import sys
 import textwrap
 from dataclasses import replace
 
-from .config import _Parser, add_planning_flags, check_config, parse_args
+from .config import _Parser, add_planning_flags, parse_args
+from .config_checks import check_config
 from .data import load_data
 from .errors import ArgumentError
 from .grouping import grouping_error, resolve_grouping

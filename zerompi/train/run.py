@@ -35,7 +35,6 @@ naming the rank, MPI_Abort).
 import math
 import os
 import sys
-import textwrap
 import time
 import traceback
 from dataclasses import dataclass
@@ -44,10 +43,9 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..adam import AdamConfig
-from ..checkpoint.lock import release_locks
 from ..checkpoint.training import check_save_dir, save_training_checkpoint, start_from
 from ..checkpoint.weights import check_writable, save_weights
-from ..comm import Communicator, abort_job
+from ..comm import Communicator
 from ..devices.choice import check_device, select_device
 from ..devices.cpu import blas_threads
 from ..devices.nccl import NcclCommunicator
@@ -58,18 +56,22 @@ from ..ledger import GRADS, METRICS, PARAMS
 from ..memory import model_size_error
 from ..mpi import MpiUnavailable, launcher_rank
 from ..observe.trace import Tracer, create_trace_file
-from ..observe.watchdog import MAX_STAGGER_SECONDS, await_announced_abort, report_then_abort, stagger
+from ..observe.watchdog import await_announced_abort
 from ..plan.preflight import preflight_error
 from ..precision import Precision, precision_for
 from ..step import count_correct, train_step
 from .agreement import agree, data_fields, run_fields, start_fields
 from .batches import MicroBatches
-from .config import TrainConfig, check_config, choices_before_mpi, parse_args
+from .before_mpi import choices_before_mpi
+from .config import TrainConfig, parse_args
+from .config_checks import check_config
 from .data import Dataset, load_data
 from .destination import live_progress
-from .divergence import not_finite_message, stop, stop_if_parameters_not_finite
+from .divergence import Stalls, not_finite_message, stop, stop_if_parameters_not_finite
+from .end_job import end_job
 from .errors import ArgumentError
 from .grouping import grouping_error, resolve_grouping
+from .header import print_header
 from .launch import launch_mismatch, threads_variable_error
 from .loss_scale import LossScaler, loss_scale_error
 from .metrics import MetricsFile, StepMetrics, slurm_restarts
@@ -99,6 +101,7 @@ class RunState:
     progress: Progress
     metrics: StepMetrics | None  # the per-step records for --metrics and --tensorboard
     tracer: Tracer | None
+    stalls: Stalls               # steps in a row that changed no weight (divergence.py)
 
 
 def run(cfg, comm, out, signals):
@@ -149,8 +152,8 @@ def setup(cfg, comm, out):
     tracer = start_trace(cfg, comm, engine)
     state = RunState(cfg=cfg, comm=comm, out=out, data=data, precision=precision, engine=engine, rows=rows,
                      scaler=scaler, first_step=first_step, lineage=lineage, batches=batches, status=None,
-                     progress=None, metrics=metrics, tracer=tracer)
-    print_header(state, sizes, note)
+                     progress=None, metrics=metrics, tracer=tracer, stalls=Stalls())
+    print_header(state, sizes, note)                         # zerompi/train/header.py
     if comm.rank == 0 and live_progress(cfg.progress, out, os.environ):     # zerompi/train/destination.py
         from .status_line import StatusLine        # here: tqdm's import would cost every rank's start-up
         state.status = state.out = StatusLine(out, first_step, cfg.steps)   # log lines scroll above it
@@ -169,30 +172,6 @@ def start_metrics(cfg, comm, engine, restarts):
                 ([TensorBoardLog(cfg.tensorboard)] if cfg.tensorboard else [])
     comm.check_all(next((sink.open_error for sink in sinks if sink.open_error), None))
     return StepMetrics(comm, engine.memory, cfg.log_every, cfg.steps, restarts, slurm_restarts(os.environ), sinks)
-
-
-HEADER_WIDTH = 80
-SKIPPED_AT_THE_END = 10      # fp16: a run whose last 10 steps (all, if fewer) were skipped ends DIVERGED
-
-
-def print_header(state, sizes, note):
-    """Rank 0: what is trained, how and on what; the device; what a resumed checkpoint changed.
-    The header's lines have at most 80 columns (a longer one, from a long data path or many
-    layers, wraps, indented)."""
-    cfg, comm, data, engine = state.cfg, state.comm, state.data, state.engine
-    held_out = "" if data.x_test is None else f", {data.x_test.shape[0]} held out"
-    lines = [f"zerompi: {engine.grouping.describe(cfg.stage, comm.size)}, {cfg.dtype}, {cfg.steps} steps",
-             f"model: MLP {'-'.join(map(str, sizes))} ({engine.layout.num_params:,} parameters)",
-             f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
-             f"global batch {cfg.batch_size} = {comm.size} ranks x {cfg.grad_accum} micro-batch"
-             f"{'es' if cfg.grad_accum != 1 else ''} x {state.rows} rows"]
-    if comm.device.is_gpu:
-        lines.append(f"device: {comm.device.name} on rank 0, {comm.describe_transport()}")
-    for line in lines:
-        comm.print0(textwrap.fill(line, HEADER_WIDTH, subsequent_indent="  ", break_on_hyphens=False),
-                    file=state.out)
-    if note:                    # one line each, as the checkpoint code words them (searchable whole)
-        comm.print0(note, file=state.out)
 
 
 def train_loop(state, signals):
@@ -216,16 +195,14 @@ def train_loop(state, signals):
         if metrics is not None:
             metrics.end_step(step + 1, result, lr, loss_scale, cfg.batch_size, step_end - step_start)
         scale_or_stop(state, step + 1, result)
+        state.stalls.add(result)
         log_progress(state, step + 1, result, lr)
         checkpoint(state, step + 1, signals)
     engine.stage.finish_communication()                      # the last step's all-gathers
     stop_if_parameters_not_finite(engine, cfg, cfg.steps, state.status)   # the last update: no step checked it
-    skipped = min(SKIPPED_AT_THE_END, cfg.steps - state.first_step)
-    if skipped and state.scaler.skipped_in_a_row >= skipped:  # fp16: nothing learnt at the end is no success
-        last = "the last step was" if skipped == 1 else f"the last {skipped} steps were all"
-        stop(engine, cfg, f"{last} skipped for a gradient overflow (the loss scale is "
-                          f"{state.scaler.scale:g} now): the weights have not changed since step "
-                          f"{cfg.steps - state.scaler.skipped_in_a_row}; lower --lr, or train in bf16", state.status)
+    stalled = state.stalls.message(cfg.steps, cfg.steps - state.first_step, state.scaler.scale)
+    if stalled:                                              # nothing learnt at the end is no success
+        stop(engine, cfg, stalled, state.status)
     signals.leave_loop()
     return time.perf_counter() - start
 
@@ -332,23 +309,6 @@ def start_trace(cfg, comm, engine):
     tracer.attach(engine)
     tracer.start_clock()
     return tracer
-
-
-def end_job(rank, line, exit_code, standing_by=False, before=""):
-    """End every rank with exit_code and one line (after `before`, a traceback), from the lowest
-    rank that fails: rank r waits stagger(r) seconds first (several ranks failing at once: the
-    lowest reports, its abort ends the rest). standing_by: the signal watcher, whose main thread
-    waits in MPI: a rank but the lowest also gives the lowest one's abort MAX_STAGGER_SECONDS to
-    come first. Never returns."""
-    time.sleep(stagger(rank) + (MAX_STAGGER_SECONDS if standing_by and rank else 0))
-    report_then_abort(before + printable(line), abort_releasing_locks, exit_code)
-    await_announced_abort()                # another thread announced first: its abort ends this process
-
-
-def abort_releasing_locks(exit_code):
-    """MPI_Abort skips atexit, which would release --save-dir's lock: release it at the last moment."""
-    release_locks()
-    abort_job(exit_code)
 
 
 def main(argv=None):
