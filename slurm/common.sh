@@ -52,7 +52,7 @@ check_python() {                                 # one line and status 2 where z
     local problem
     if ! problem=$("$ZEROMPI_PYTHON" -c 'import zerompi.train.run' 2>&1); then
         echo "zerompi: error: $ZEROMPI_PYTHON cannot import zerompi ($(tail -n 1 <<< "$problem")): activate" \
-             "zerompi's environment before sbatch (sbatch passes it on), or set ZEROMPI_PYTHON to its python" >&2
+             "the venv that has zerompi before sbatch (sbatch passes it on), or set ZEROMPI_PYTHON to its python" >&2
         exit 2
     fi
 }

@@ -12,8 +12,10 @@ processes, and where PYTHONDONTWRITEBYTECODE is set each of them would
 otherwise compile every zerompi module anew, a quarter of a rank's start-up.
 
 Each run has a wall-clock limit; a run that exceeds it is killed with its whole process group and
-counts as failed. The summary sums the pytest counts of all runs ("all: P passed, F failed, S skipped")
-and lists the reasons for the skipped tests, each with how many it skipped (pytest's -rs lines).
+counts as failed. The summary sums the pytest counts of all runs ("all: P passed, F failed, S skipped,
+D deferred") and lists the reasons for the skipped tests, each with how many it skipped (pytest's -rs
+lines). Deferred: a multi-rank test skipped in a run without the ranks it needs (the single-process
+run, a run at a smaller N) that a later run has; not a skip, as the test does run.
 """
 import collections
 import compileall
@@ -102,12 +104,26 @@ class _Deadline:
         self.timer.start()
 
 
+DEFERRED = re.compile(r"need --with-mpi option to run|Test requires (\d+) MPI processes, only \d+ MPI processes "
+                      r"specified, skipping test")         # pytest-mpi's words
+
+
+def deferred(reason):
+    """Whether a skip reason is a multi-rank test's that one of the runs with RANK_COUNTS runs."""
+    match = DEFERRED.fullmatch(reason)
+    return bool(match) and (match.group(1) is None or int(match.group(1)) <= max(RANK_COUNTS))
+
+
 def summary(totals):
-    """The closing lines: the sums over all runs, then each skip reason with its count."""
+    """The closing lines: the sums over all runs, then each skip reason with its count, the
+    deferred ones (run in another run) after the real skips."""
     passed, failed, skipped = (sum(t[i] for t in totals) for i in range(3))
     reasons = sum((t[3] for t in totals), collections.Counter())
-    lines = [f"all: {passed} passed, {failed} failed, {skipped} skipped"]
-    lines += [f"  skipped {count:>4}: {reason}" for reason, count in reasons.most_common()]
+    later = sum(count for reason, count in reasons.items() if deferred(reason))
+    lines = [f"all: {passed} passed, {failed} failed, {skipped - later} skipped, {later} deferred (a multi-rank "
+             f"test skipped in a run without the ranks it needs, and run in another)"]
+    lines += [f"  skipped {count:>4}: {reason}" for reason, count in reasons.most_common() if not deferred(reason)]
+    lines += [f"  deferred {count:>3}: {reason}" for reason, count in reasons.most_common() if deferred(reason)]
     return "\n".join(lines)
 
 

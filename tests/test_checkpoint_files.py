@@ -512,7 +512,7 @@ def checkpoint_tool_limited(*args, cwd, limit=3 << 30):
 
 
 def _claim_ranks(ranks):
-    """A layout that is consistent for `ranks` writers (one element each), in a 2 KB manifest."""
+    """A layout that is consistent for `ranks` writers (one element each), in a 2 kB manifest."""
     def edit(m):
         m["ranks"] = ranks
         for offset, layer in enumerate(m["units"]):

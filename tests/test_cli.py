@@ -393,6 +393,7 @@ def test_help_is_grouped_with_choices_switches_and_defaults():
                  "--check-collectives, --no-check-collectives", "--version"):
         assert flag in text, flag
     assert "partitioned (default: 3)" in text
+    assert "(also spelt fp64, fp32, bfloat16, float16)" in text         # every name --dtype accepts is shown
     assert "(default: --no-overlap)" in text and "(default: --shuffle)" in text      # a switch shows as itself
     for empty in ("(default: )", "(default: None)", "(default: False)", "(default: True)"):
         assert empty not in text, empty
@@ -783,3 +784,13 @@ def test_a_note_naming_a_path_with_an_escape_sequence_shows_it_escaped(tmp_path)
     run = train_ok(2, "--steps", 2, "--hidden", 4, "--batch-size", 12, "--log-every", 0, "--report", "none",
                    "--save-dir", "ck\x1b[2J", "--resume", "--save-weights", "w.npz", cwd=tmp_path)
     assert "\x1b" not in run.output and "no checkpoint in ck\\x1b[2J yet" in run.output, run.describe()
+
+
+def test_one_rank_and_one_micro_batch_are_singular(tmp_path):
+    """'on 1 ranks', '1 ranks x 1 micro-batches': counts are written as words are."""
+    from zerompi.words import counted
+    assert [counted(1, "rank"), counted(2, "rank"), counted(1, "micro-batch"), counted(4, "micro-batch")] == [
+        "1 rank", "2 ranks", "1 micro-batch", "4 micro-batches"]
+    run = train_ok(1, "--steps", 1, "--hidden", 8, "--log-every", 0, "--report", "table", cwd=tmp_path)
+    assert "ZeRO stage 3 on 1 rank, float32" in run.stdout and "= 1 rank x 1 micro-batch x 16 rows" in run.stdout
+    assert " 1 ranks" not in run.stdout and "1 micro-batches" not in run.stdout, run.stdout

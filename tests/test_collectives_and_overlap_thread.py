@@ -41,6 +41,6 @@ def test_buckets_group_consecutive_layers_last_first_until_the_size_is_reached()
     layout = Layout([100, 200, 300, 50, 10], 1)          # 20200, 60300, 15050, 510 elements
     assert [[u.index for u in b] for b in layout.gradient_buckets(4, 0)] == [[3], [2], [1], [0]]
     assert [[u.index for u in b] for b in layout.gradient_buckets(4, 25)] == [[3, 2, 1, 0]]
-    # 4 bytes each: layer 3 + 2 = 62 KB, then layer 1 = 241 KB, then layer 0
+    # 4 bytes each: layer 3 + 2 = 62 kB, then layer 1 = 241 kB, then layer 0
     assert [[u.index for u in b] for b in layout.gradient_buckets(4, 0.2)] == [[3, 2, 1], [0]]
     assert [[u.index for u in b] for b in layout.gradient_buckets(4, 0.05)] == [[3, 2], [1], [0]]

@@ -344,7 +344,7 @@ def test_a_zip_bomb_is_refused_before_it_expands(tmp_path, monkeypatch):
     rows = 100_000
     path = write_zip(tmp_path / "bomb.npz", {"x.npy": npy_bytes(np.float64, (rows, 10), bytes(rows * 80)),
                                              "y.npy": y_member(rows)}, zipfile.ZIP_DEFLATED)
-    assert os.path.getsize(path) < 100_000                     # 8.8 MB of zeros in a few KB
+    assert os.path.getsize(path) < 100_000                     # 8.8 MB of zeros in a few kB
     monkeypatch.setattr(zerompi.inputs, "available_bytes", lambda ranks_on_node=1: 4_000_000)
     message = load_error(path)
     assert "'x' of shape (100000, 10) float64" in message and "more than the 4.0 MB" in message

@@ -156,6 +156,17 @@ def test_cli_comm_table(capsys):
     assert "10.50e9 / 21.0G" in row and "15.75e9 / 31.5G" in row
 
 
+def test_cli_writes_a_small_model_in_the_unit_that_fits_it(capsys):
+    """A model of 26,122 parameters printed 0.0G everywhere: its tables are in kB."""
+    assert main(["--params", "26122", "--ranks", "1", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Per-GPU memory (kB)" in out and "     8      418.0k     143.7k      98.0k      52.2k" in out
+    assert "(elements / kB" in out and "45.71e3 / 91.4k" in out and "0.0G" not in out      # 2 Psi (N-1)/N at N = 8
+    assert main(["--params", "26122", "--ranks-per-node", "4", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "Per-GPU memory (kB)" in out and "  418.0k  143.7k" in out and "0.0G" not in out
+
+
 @pytest.mark.parametrize("argv", [
     ["--params", "-1"],
     ["--params", "0"],

@@ -132,7 +132,7 @@ def test_cli_params_picks_a_width_and_nodes_add_hybrid_rows():
     psi = int(header.split("(")[1].split(" ")[0].replace(",", ""))
     assert header.startswith(f"MLP 64-{width}-{width}-10 ") and abs(psi - 1e5) < 2 * width
     assert "stage 3 hybrid S=2" in result.stdout and "stage 3 hpZ L=2" in result.stdout
-    assert "no stage fits in 100.0 KB per rank" in result.stdout
+    assert "no stage fits in 100.0 kB per rank" in result.stdout
 
 
 @pytest.mark.parametrize("flags", [

@@ -4,7 +4,8 @@
                 terminal draws the live line; a Slurm batch job, and Open MPI's mpirun writing to a
                 file (its ranks get terminals: a stand-in launcher named mpirun copies its rank's
                 terminal to a file, as Open MPI's does), put no "\\r" or "\\x1b" byte in the file;
-                the same launcher on a terminal, and `srun --pty`, draw it
+                the same launcher on a terminal, and `srun --pty`, draw it; so does MPICH's real
+                mpirun on a terminal (its ranks write to pipes it copies), fitted to that terminal
     width       on a 60-column terminal no drawn live line is longer than 60 columns, and the
                 log lines still appear whole above it
     80 columns  every line a run prints (but the end-of-run table) fits 80 columns: stages 0-3,
@@ -20,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from test_cli import train_ok
+from test_cli import _mpirun, train_ok
 from test_observability import open_terminal, run_on_pty
 from zerompi.step import StepResult
 from zerompi.train.destination import launcher_writes_to_terminal, live_progress
@@ -101,6 +102,9 @@ class File:
     def isatty(self):
         return False
 
+    def fileno(self):
+        return 1
+
 
 @pytest.mark.parametrize("choice, stream, env, live", [
     ("live", File(), {}, True),                                          # asked for
@@ -110,6 +114,8 @@ class File:
     ("auto", Terminal(), {"SLURM_JOB_ID": "7"}, False),                  # a batch job (or salloc)
     ("auto", Terminal(), {"SLURM_JOB_ID": "7", "SLURM_PTY_PORT": "4000"}, True),   # srun --pty
     ("auto", Terminal(), {"OMPI_COMM_WORLD_SIZE": "1"}, False),         # Open MPI, no mpirun above us
+    ("auto", File(), {"PMI_RANK": "0"}, False),                          # hydra's pipe, no mpirun above us
+    ("auto", Terminal(), {"PMI_RANK": "0", "SLURM_JOB_ID": "7", "SLURM_PTY_PORT": "4000"}, True),  # srun --pty
 ])
 def test_the_auto_rule(choice, stream, env, live):
     assert live_progress(choice, stream, env) is live
@@ -168,6 +174,32 @@ def test_auto_under_open_mpi_on_a_terminal_draws_the_live_line(tmp_path):
     text = read_all(leader)
     assert launcher.wait(timeout=120) == 0
     assert LIVE.search(text), text
+
+
+def mpich_run(tmp_path, stdout, *flags):
+    """`mpirun -n 2 python -m zerompi.train` (the mpirun beside this Python), its output on stdout."""
+    return subprocess.Popen([_mpirun(), "-n", "2", sys.executable, "-m", "zerompi.train", *map(str, flags)],
+                            cwd=tmp_path, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=environment())
+
+
+def test_auto_under_mpich_on_a_terminal_draws_the_live_line_fitted_to_it(tmp_path):
+    """MPICH's mpirun hands each rank a pipe and copies it to its own output: the live line was
+    never drawn on a terminal under it; now it is, as wide as mpirun's terminal at most."""
+    if "MPICH" not in subprocess.run([sys.executable, "-m", "mpi4py", "--mpi-lib-version"], capture_output=True,
+                                     text=True).stdout:
+        pytest.skip("the MPI library is not MPICH")
+    leader, follower = open_terminal(60)
+    launcher = mpich_run(tmp_path, follower, *FLAGS, "--steps", 400)
+    os.close(follower)
+    text = read_all(leader)
+    assert launcher.wait(timeout=120) == 0, text
+    drawn = drawn_lines(text)
+    assert drawn and max(len(line) for line in drawn) <= 60, text
+    with open(tmp_path / "out.txt", "w") as out:                    # the same launcher into a file: lines
+        assert mpich_run(tmp_path, out, *FLAGS).wait(timeout=120) == 0
+    data = (tmp_path / "out.txt").read_bytes()
+    assert b"step 60/60  loss" in data and b"\r" not in data and b"\x1b" not in data, data
 
 
 # ----------------------------------------------------------------------------------------------

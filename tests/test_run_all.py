@@ -35,10 +35,24 @@ def test_the_summary_sums_the_runs_and_groups_the_skip_reasons():
     first = (10, 0, 3, collections.Counter({"no Slurm here": 3}), True)
     second = (5, 1, 2, collections.Counter({"no Slurm here": 1, "needs 4 ranks": 1}), False)
     assert summary([first, second]).splitlines() == [
-        "all: 15 passed, 1 failed, 5 skipped",
+        "all: 15 passed, 1 failed, 5 skipped, 0 deferred (a multi-rank test skipped in a run without the ranks it "
+        "needs, and run in another)",
         "  skipped    4: no Slurm here",
         "  skipped    1: needs 4 ranks",
     ]
+
+
+def test_multi_rank_tests_waiting_for_a_later_run_are_deferred_not_skipped():
+    """292 of 402 "skipped" were tests/mpi/ tests that run later under mpirun: it read as a problem."""
+    reasons = collections.Counter({"need --with-mpi option to run": 290, "no GPU here": 1,
+                                   "Test requires 4 MPI processes, only 2 MPI processes specified, skipping test": 8,
+                                   "Test requires 16 MPI processes, only 8 MPI processes specified, skipping test": 2})
+    lines = summary([(100, 0, 301, reasons, True)]).splitlines()
+    assert lines[0].startswith("all: 100 passed, 0 failed, 3 skipped, 298 deferred"), lines
+    assert lines[1:] == ["  skipped    2: Test requires 16 MPI processes, only 8 MPI processes specified, skipping test",
+                         "  skipped    1: no GPU here",
+                         "  deferred 290: need --with-mpi option to run",
+                         "  deferred   8: Test requires 4 MPI processes, only 2 MPI processes specified, skipping test"]
 
 
 def test_a_line_without_a_summary_counts_nothing():

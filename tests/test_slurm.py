@@ -255,7 +255,7 @@ def test_a_job_whose_python_lacks_zerompi_ends_with_one_line_before_any_rank(slu
     assert code == 2, result.stderr + output
     (line,) = [line for line in output.splitlines() if "zerompi" in line]
     assert line.startswith("zerompi: error: ") and "cannot import zerompi (ModuleNotFoundError" in line, output
-    assert "activate zerompi's environment before sbatch" in line and "ZEROMPI_PYTHON" in line
+    assert "activate the venv that has zerompi before sbatch" in line and "ZEROMPI_PYTHON" in line
     assert not os.path.exists(tmp_path / "runs"), os.listdir(tmp_path / "runs")
 
 

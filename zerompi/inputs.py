@@ -145,7 +145,7 @@ def check_fits(nbytes, what, error, ranks_on_node=1):
 
 
 def format_bytes(n):
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} bytes"

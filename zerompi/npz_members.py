@@ -7,7 +7,7 @@ An .npz is a zip archive of .npy files (numpy.lib.format), one per array:
                       header {'descr': dtype, 'fortran_order': bool, 'shape': (d0, d1, ...)},
                       then d0 x d1 x ... x itemsize bytes of data
 
-np.load allocates the declared shape before it reads a byte of data: a 2 KB file whose header
+np.load allocates the declared shape before it reads a byte of data: a 2 kB file whose header
 declares (1e11, 4) costs 3.2 TB before anything is checked, and a deflated member of zeros expands
 up to 1032-fold (a zip bomb). So before numpy reads a member, its sizes are checked against the
 file:

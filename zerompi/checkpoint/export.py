@@ -6,7 +6,8 @@ out, and dropped before the next: memory stays at one tensor, whatever the model
 
     model tensors       layers.{i}.weight (O, I), layers.{i}.bias (O,)     the stored parameters
     with optimizer:     optimizer.{master,m,v}.layers.{i}.{weight,bias}    fp32 master (mixed
-                        precision only), Adam's m and v; metadata holds adam_steps and step
+                        precision only), Adam's m and v; metadata holds adam_steps, step and,
+                        from a training run, its data and input_scale (feed x * input_scale)
 
 Each tensor is written in its stored dtype (bf16 stays bfloat16), or with as_float32 in float32:
 bf16 and fp16 widen exactly (every value is the same number), float64 rounds to the nearest.
@@ -55,6 +56,8 @@ def export_safetensors(folder, path, with_optimizer=False, as_float32=False):
     m = reader.manifest
     metadata = {"format": "zerompi", "step": m["step"], "adam_steps": m["adam_steps"], "dtype": m["dtype"],
                 "sizes": ",".join(map(str, m["sizes"]))}
+    run = m.get("run", {})
+    metadata.update({key: str(run[key]) for key in ("data", "input_scale") if key in run})   # how to feed it
     write_safetensors(path, specs, tensors, metadata)
     return len(specs)
 

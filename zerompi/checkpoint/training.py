@@ -153,13 +153,15 @@ def _data_order_mismatch(state, cfg, folder):
     return None
 
 
-def save_training_checkpoint(engine, cfg, step, scaler, lineage):
+def save_training_checkpoint(engine, cfg, step, scaler, lineage, input_scale):
     """Collective: checkpoint after `step` steps into --save-dir; exits on failure (status 2).
-    lineage: {"parent": the previous checkpoint's folder name in --save-dir, or None, "restarts"}."""
+    lineage: {"parent": the previous checkpoint's folder name in --save-dir, or None, "restarts"}.
+    input_scale: what the loader multiplied the data by (the digits: 1/16), recorded beside the
+    settings so that an export says how to feed the model."""
     state = {"step": step, "loss_scale": scaler.scale, "loss_scale_good_steps": scaler.good_steps,
              "seed": cfg.seed, "shuffle": cfg.shuffle, "batch_size": cfg.batch_size,
              "parent": lineage["parent"], "restarts": lineage["restarts"],
-             "run": {key: value for key, _, value in _run_settings(cfg)}}
+             "run": {**{key: value for key, _, value in _run_settings(cfg)}, "input_scale": input_scale}}
     error, published = save_checkpoint(engine, cfg.save_dir, state, cfg.keep_last)
     engine.comm.check_all(error)
     lineage["parent"] = published           # rank 0 writes the manifests; the others keep None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..memory import (flat_collectives, hpz_collectives, hpz_model_state_bytes, hybrid_collectives,
                       hybrid_model_state_bytes, model_state_bytes)
 from .groups import HybridSharding, Hpz
+from ..words import counted
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Grouping:
 
     def describe(self, stage, num_ranks):
         """'ZeRO stage 3 on 8 ranks', '... in groups of 4 (2 replicas)', '... with hpZ (4 per node)'."""
-        text = f"ZeRO stage {stage} on {num_ranks} ranks"
+        text = f"ZeRO stage {stage} on {counted(num_ranks, 'rank')}"
         if self.hybrid(num_ranks):
             return f"{text} in groups of {self.shard_group} ({num_ranks // self.shard_group} replicas)"
         return f"{text} with hpZ ({self.hpz_node_size} per node)" if self.hpz_node_size else text

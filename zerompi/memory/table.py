@@ -157,15 +157,20 @@ def _print_flat_tables(psi, ranks, b):
     # Communicated tensors (grads, params) are sent in the parameter dtype.
     bytes_per_element = b.param
     header = f"{'GPUs':>6}{STAGE_NAMES[0]:>12}" + "".join(f"{n:>11}" for n in STAGE_NAMES[1:])
-    print(f"Per-GPU memory (GB) for a {_model_size_name(psi)} parameter model")
+    unit, letter = _unit(model_state_bytes(0, psi, 1, b)["total"])
+    print(f"Per-GPU memory ({letter}B) for a {_model_size_name(psi)} parameter model")
     print(header)
     print("-" * 52)
     for n in ranks:
-        total_gb = [model_state_bytes(s, psi, n, b)["total"] / GB for s in STAGES]
-        print(f"{n:>6}{total_gb[0]:>11.1f}G" + "".join(f"{x:>10.1f}G" for x in total_gb[1:]))
+        total = [model_state_bytes(s, psi, n, b)["total"] / unit for s in STAGES]
+        print(f"{n:>6}{total[0]:>11.1f}{letter}" + "".join(f"{x:>10.1f}{letter}" for x in total[1:]))
 
     print()
-    print(f"Per-GPU communication per step, ring (elements / GB "
+    largest = max(comm_elements_per_step(s, psi, n) for s in STAGES for n in ranks)
+    count_unit, _ = _unit(largest)
+    exponent = f"e{len(str(int(count_unit))) - 1}" if count_unit > 1 else ""
+    unit, letter = _unit(largest * bytes_per_element)
+    print(f"Per-GPU communication per step, ring (elements / {letter}B "
           f"at {bytes_per_element:g} bytes per element, the paper's model; zerompi itself reduces "
           f"16-bit gradients in float32, 4 bytes)")
     print(f"{'GPUs':>6}" + "".join(f"{n:>18}" for n in STAGE_NAMES))
@@ -174,7 +179,7 @@ def _print_flat_tables(psi, ranks, b):
         cells = []
         for s in STAGES:
             elements = comm_elements_per_step(s, psi, n)
-            cells.append(f"{elements / 1e9:.2f}e9 / {elements * bytes_per_element / GB:.1f}G")
+            cells.append(f"{elements / count_unit:.2f}{exponent} / {elements * bytes_per_element / unit:.1f}{letter}")
         print(f"{n:>6}" + "".join(f"{c:>18}" for c in cells))
 
 
@@ -194,26 +199,32 @@ def _print_node_tables(psi, ranks_per_node, node_counts, group, b):
     rows = [(k, k * ranks_per_node, _variants(psi, k * ranks_per_node, ranks_per_node, group, b))
             for k in node_counts]
 
-    print(f"Per-GPU memory (GB) for a {_model_size_name(psi)} parameter model, "
+    unit, letter = _unit(max(state["total"] for _, _, variants in rows for state, _ in variants))
+    print(f"Per-GPU memory ({letter}B) for a {_model_size_name(psi)} parameter model, "
           f"{ranks_per_node} GPUs per node")
     print(" " * 11 + titles)
     print("-" * 75)
     for k, n, variants in rows:
-        print(f"{k:>5}{n:>6}" + "".join(f"{state['total'] / GB:>7.1f}G" for state, _ in variants))
+        print(f"{k:>5}{n:>6}" + "".join(f"{state['total'] / unit:>7.1f}{letter}" for state, _ in variants))
 
+    traffic = [[max(wire_bytes(node, b) for node in inter_node_per_node(
+        ring_traffic_per_rank(collectives, n, ranks_per_node), ranks_per_node)) for _, collectives in variants]
+        for _, n, variants in rows]
+    unit, letter = _unit(max(max(row) for row in traffic))
     print()
-    print("Inter-node traffic per node per step (GB the busiest node sends to other nodes, ring model)")
+    print(f"Inter-node traffic per node per step ({letter}B the busiest node sends to other nodes, ring model)")
     print(f"gradients at G={b.grad:g} and parameters at P={b.param:g} bytes per element "
           f"(zerompi itself reduces 16-bit gradients in float32)")
     print(" " * 11 + titles)
     print("-" * 75)
-    for k, n, variants in rows:
-        cells = []
-        for _, collectives in variants:
-            traffic = ring_traffic_per_rank(collectives, n, ranks_per_node)
-            per_node = inter_node_per_node(traffic, ranks_per_node)
-            cells.append(max(wire_bytes(node, b) for node in per_node) / GB)
-        print(f"{k:>5}{n:>6}" + "".join(f"{x:>7.1f}G" for x in cells))
+    for (k, n, _), cells in zip(rows, traffic):
+        print(f"{k:>5}{n:>6}" + "".join(f"{x / unit:>7.1f}{letter}" for x in cells))
+
+
+def _unit(largest):
+    """(the unit, its SI letter) a table's numbers are written in, from its largest: GB down to
+    bytes, so that a small model's table shows its numbers instead of 0.0G."""
+    return next(((size, letter) for size, letter in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if largest >= size), (1, ""))
 
 
 def main(argv=None) -> int:

@@ -27,6 +27,7 @@ from ..memory.table import OneLineParser, non_negative_float, parameter_count, p
 from ..overlap import OverlapConfig
 from ..pipes import until_reader_leaves
 from ..precision import DTYPE_NAMES, precision_for
+from ..words import counted
 from . import RunShape, plan_run
 from .calibrate import CalibrationError, read_calibration
 from .cost import CostError, cluster_machine, step_cost
@@ -178,8 +179,9 @@ def predict(args, parser):
         if not math.isfinite(rows_out[-1][2].step_s):     # a machine of 1e308 s overheads, say
             parser.error(f"{name}'s predicted step time overflows ({rows_out[-1][2].step_s}): the machine's "
                          f"numbers are not a machine's")
-    print(f"MLP {'-'.join(map(str, sizes))} ({shape.num_params:,} params, {precision.name}) | {N} ranks"
-          f"{f', {L} per node' if L < N else ''} | {micro} rows per rank x {accum} micro-batches | overlap "
+    print(f"MLP {'-'.join(map(str, sizes))} ({shape.num_params:,} params, {precision.name}) | {counted(N, 'rank')}"
+          f"{f', {L} per node' if L < N else ''} | {counted(micro, 'row')} per rank x {counted(accum, 'micro-batch')} | "
+          f"overlap "
           f"{'on' if args.overlap else 'off'}")
     print(f"machine: {args.calibration or 'the cluster numbers given'} | memory per rank: "
           f"{format_bytes(available) if available else 'unknown'}")

@@ -45,6 +45,7 @@ from ..hierarchy import FLAT
 from ..inputs import format_bytes
 from ..memory import MOST_RANKS               # how far the search for the fewest ranks that fit goes
 from ..model import INIT_CHUNK
+from ..words import counted
 from . import plan_run
 
 RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, beside MPI's scratch
@@ -127,17 +128,17 @@ def preflight_error(shape, rank, device, ranks_on_node):
     needed = need_bytes(shape, rank, device)
     if available is None or needed <= available:
         return None
-    head = (f"{describe(shape)} on {shape.num_ranks} ranks needs {format_bytes(needed)} per rank, "
+    head = (f"{describe(shape)} on {counted(shape.num_ranks, 'rank')} needs {format_bytes(needed)} per rank, "
             f"{format_bytes(available)} available ({limit})")
     fitting = [(describe(v), need_bytes(v, rank, device)) for v in variants(shape) if v != shape]
     fitting = [(name, nbytes) for name, nbytes in fitting if nbytes <= available]
     if fitting:
         named = [f"{name} ({format_bytes(nbytes)})" for name, nbytes in fitting]
         listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " or " + named[-1]
-        return f"{head}: {listed} {'fits' if len(named) == 1 else 'fit'} on {shape.num_ranks} ranks"
+        return f"{head}: {listed} {'fits' if len(named) == 1 else 'fit'} on {counted(shape.num_ranks, 'rank')}"
     fewest = fewest_ranks(shape, available, device)
     if fewest is None:
         return f"{head}: no stage fits on up to {MOST_RANKS} ranks (see --dry-run)"
     ranks, nbytes = fewest
-    return (f"{head}: no stage fits on {shape.num_ranks} ranks; stage 3 fits on {ranks} ranks "
+    return (f"{head}: no stage fits on {counted(shape.num_ranks, 'rank')}; stage 3 fits on {counted(ranks, 'rank')} "
             f"({format_bytes(nbytes)} each, as many rows per rank)")

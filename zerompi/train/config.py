@@ -33,6 +33,7 @@ from .loss_scale import loss_scale_error
 COMM_CHOICES = ("mpi", "nccl")
 REPORT_CHOICES = ("table", "json", "none")
 PROGRESS_CHOICES = ("auto", "live", "lines")
+DTYPE_SHOWN = ("float32", "float64", "bf16", "fp16")             # --help's choices; the other names: aliases
 
 # The argument groups; --help lists them in the order of TrainConfig's fields. The config files
 # come first (a file sets flags of every group); the collective guards are communication.
@@ -87,7 +88,8 @@ class TrainConfig:
     eps: float = option(1e-8, "AdamW denominator epsilon", OPTIMIZER)
     clip_norm: float = option(0.0, "clip the global gradient norm to this (0: off)", OPTIMIZER)
     dtype: str = option("float32", "parameters and gradients; bf16/fp16 keep an fp32 master copy and Adam "
-                        "state", PRECISION, choices=tuple(DTYPE_NAMES), metavar="{float32,float64,bf16,fp16}")
+                        f"state (also spelt {', '.join(name for name in DTYPE_NAMES if name not in DTYPE_SHOWN)})",
+                        PRECISION, choices=tuple(DTYPE_NAMES), metavar="{" + ",".join(DTYPE_SHOWN) + "}")
     loss_scale: float = option(2.0 ** 16, "fp16: initial dynamic loss scale", PRECISION)
     loss_scale_window: int = option(200, "fp16: good steps before the loss scale doubles", PRECISION,
                                     metavar="STEPS")

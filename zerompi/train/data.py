@@ -41,6 +41,7 @@ class Dataset:
     y_test: np.ndarray | None    # (T,) int64, or None
     num_classes: int             # 1 + largest label in y_train / y_test
     name: str                    # e.g. "synthetic(seed=0)" or the file path
+    input_scale: float = 1.0     # x = the file's values x input_scale (the digits: 1/16); checkpoints record it
 
     @property
     def num_features(self) -> int:
@@ -103,6 +104,7 @@ def make_synthetic(seed: int = 0, n_train: int = 8192, n_test: int = 2048, featu
 # ----------------------------------------------------------------------------------------------
 
 DIGITS_PATH = os.path.join(os.path.dirname(__file__), "datasets", "digits.npz")
+DIGITS_MAX = 16                  # the largest pixel count: the loader divides by it
 
 
 def load_digits() -> Dataset:
@@ -110,8 +112,9 @@ def load_digits() -> Dataset:
     8x8 images of 0..9, x (1497, 64) and a held-out x_test (300, 64), pixel counts 0..16 scaled to
     [0, 1]. tools/make_digits.py wrote the file from scikit-learn's copy; no download."""
     data = load_npz(DIGITS_PATH)
-    data.x_train /= 16.0
-    data.x_test /= 16.0
+    data.input_scale = 1 / DIGITS_MAX
+    data.x_train *= data.input_scale                      # exact: a power of two
+    data.x_test *= data.input_scale
     data.name = "digits"
     return data
 

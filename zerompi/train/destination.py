@@ -4,25 +4,26 @@ A live line is control codes ("\\r", erase) redrawn ten times a second: right on
 watches, garbage in a file. isatty() on the rank's stdout answers the question only where the
 launcher hands the rank the real destination, so `auto` combines it with what the launcher says:
 
-    --progress live      the live line (the user asked; under MPICH's mpirun it goes down a pipe)
+    --progress live      the live line (the user asked)
     --progress lines     never
-    --progress auto      the live line only when all of these hold:
-      1. stdout is a terminal. A file or a pipe is not: a plain run redirected to a file, MPICH's
-         (and Intel MPI's) mpirun, which hands every rank a pipe whatever its own output is, plain
-         srun, and Slurm batch jobs (sbatch writes slurm-*.out)
-      2. not inside a Slurm job, unless this is `srun --pty` (SLURM_JOB_ID set and SLURM_PTY_PORT
-         unset: lines). Inside an allocation the output is a job's log far more often than a
-         terminal: an Open MPI mpirun in a batch script hands its ranks terminals (3), and the
-         slurm-*.out file is the real destination
+    --progress auto      the live line only when one of these holds, outside a Slurm job:
+      1. stdout is a terminal, and not Open MPI's (a plain run; Open MPI: see 3)
+      2. under MPICH's or Intel MPI's mpirun (hydra: PMI_RANK set), whose ranks write to a pipe
+         that the launcher copies to its own output, as it comes: that output is a terminal
       3. under Open MPI (OMPI_COMM_WORLD_SIZE set) the launcher's own stdout is a terminal. Open
          MPI's mpirun gives every rank a pseudo-terminal even when mpirun's stdout is a file, so
-         isatty() says yes for out.txt. Rank 0 looks up its ancestors in /proc for mpirun (Open
-         MPI 4: orterun; 5: prterun) and reads where that process's fd 1 (fd 2 for
-         --report json, whose progress goes to stderr) points: a terminal
-         (/dev/pts/*, /dev/tty*, /dev/console) lets the line be drawn; a file, a pipe, an ancestor
-         that is a remote node's daemon (orted, prted: mpirun runs on another host), no such
-         ancestor, or no /proc: lines. When the destination cannot be known, lines are the choice
-         that is never wrong.
+         isatty() says yes for out.txt
+    Inside a Slurm job the output is a job's log far more often than a terminal (sbatch writes
+    slurm-*.out; an Open MPI mpirun in a batch script hands its ranks terminals): lines, unless
+    this is `srun --pty` (SLURM_JOB_ID set and SLURM_PTY_PORT too).
+
+The launcher's output (2, 3): rank 0 looks up its ancestors in /proc for the launcher (hydra:
+mpirun, mpiexec, mpiexec.hydra, above its hydra_pmi_proxy; Open MPI 4: orterun; 5: prterun) and
+reads where that process's fd 1 (fd 2 for --report json, whose progress goes to stderr) points: a
+terminal (/dev/pts/*, /dev/tty*, /dev/console) lets the line be drawn, fitted to that terminal's
+width (launcher_terminal); a file, a pipe, an ancestor that is a remote node's daemon (orted,
+prted: mpirun runs on another host), no such ancestor, or no /proc: lines. When the destination
+cannot be known, lines are the choice that is never wrong.
 """
 import os
 
@@ -30,6 +31,8 @@ SLURM_JOB, SLURM_PTY = "SLURM_JOB_ID", "SLURM_PTY_PORT"
 OPEN_MPI = "OMPI_COMM_WORLD_SIZE"
 OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
 OPEN_MPI_DAEMONS = ("orted", "prted")       # a rank on another node than mpirun's
+HYDRA = "PMI_RANK"                          # MPICH's and Intel MPI's launcher (and srun's PMI)
+HYDRA_LAUNCHERS = ("mpirun", "mpiexec", "mpiexec.hydra")
 TERMINALS = ("/dev/pts/", "/dev/tty", "/dev/console")
 MAX_ANCESTORS = 16
 
@@ -38,31 +41,43 @@ def live_progress(choice, stream, environ):
     """True if rank 0 should draw the live line on `stream` for --progress `choice`."""
     if choice != "auto":
         return choice == "live"
-    if not stream.isatty():
-        return False
     if environ.get(SLURM_JOB) and not environ.get(SLURM_PTY):
         return False
     if environ.get(OPEN_MPI):
-        return launcher_writes_to_terminal(os.getpid(), stream.fileno())
-    return True
+        return stream.isatty() and launcher_writes_to_terminal(os.getpid(), stream.fileno())
+    return stream.isatty() or (HYDRA in environ and launcher_terminal(stream, environ) is not None)
+
+
+def launcher_terminal(stream, environ):
+    """The terminal that hydra's mpirun copies `stream` (a pipe) to, or None: for the live line's
+    width. None too where `stream` is itself a terminal (its own width counts)."""
+    if HYDRA not in environ or stream.isatty():
+        return None
+    return _launchers_target(os.getpid(), stream.fileno(), HYDRA_LAUNCHERS, ())
 
 
 def launcher_writes_to_terminal(pid, fd):
     """True if the nearest Open MPI launcher among pid's ancestors (same host) has a terminal as
     its file descriptor fd (1: stdout, 2: stderr, where the rank's own fd goes); False when it
     has not, or when that cannot be found out."""
+    return _launchers_target(pid, fd, OPEN_MPI_LAUNCHERS, OPEN_MPI_DAEMONS) is not None
+
+
+def _launchers_target(pid, fd, launchers, daemons):
+    """The terminal the nearest of pid's ancestors named in `launchers` has as its fd, or None
+    (not a terminal; an ancestor in `daemons` first; no launcher; no /proc)."""
     for _ in range(MAX_ANCESTORS):
         pid = parent_of(pid)
         name = command_name(pid) if pid else None
-        if name is None or name in OPEN_MPI_DAEMONS:
-            return False
-        if name in OPEN_MPI_LAUNCHERS:
+        if name is None or name in daemons:
+            return None
+        if name in launchers:
             try:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
-                return False
-            return target.startswith(TERMINALS)
-    return False
+                return None
+            return target if target.startswith(TERMINALS) else None
+    return None
 
 
 def parent_of(pid):

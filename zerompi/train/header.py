@@ -9,6 +9,8 @@ then the device (on a GPU) and what a resumed checkpoint changed, one line each.
 """
 import textwrap
 
+from ..words import counted
+
 HEADER_WIDTH = 80
 
 
@@ -21,8 +23,8 @@ def print_header(state, sizes, note):
     lines = [f"zerompi: {engine.grouping.describe(cfg.stage, comm.size)}, {cfg.dtype}, {cfg.steps} steps",
              f"model: MLP {'-'.join(map(str, sizes))} ({engine.layout.num_params:,} parameters)",
              f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
-             f"global batch {cfg.batch_size} = {comm.size} ranks x {cfg.grad_accum} micro-batch"
-             f"{'es' if cfg.grad_accum != 1 else ''} x {state.rows} rows"]
+             f"global batch {cfg.batch_size} = {counted(comm.size, 'rank')} x {counted(cfg.grad_accum, 'micro-batch')}"
+             f" x {counted(state.rows, 'row')}"]
     if comm.device.is_gpu:
         lines.append(f"device: {comm.device.name} on rank 0, {comm.describe_transport()}")
     for line in lines:

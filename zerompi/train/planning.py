@@ -41,6 +41,7 @@ from ..plan import RunShape, plan_run
 from ..plan.preflight import describe, need_of, preflight_error, runtime_bytes, start_transient_bytes
 from ..plan.virtual import PlannedCommunicator
 from ..precision import precision_for
+from ..words import counted
 
 OP_NAMES = {ALLREDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALLGATHER: "all-gather"}
 
@@ -120,8 +121,8 @@ def format_plans(chosen, plans, edge_plans, per_node):
     nodes = -(-s.num_ranks // per_node)
     lines = [f"zerompi dry run: MLP {'-'.join(map(str, s.sizes))} ({s.num_params:,} parameters), "
              f"{s.precision.name}",
-             f"{s.num_ranks} ranks on {nodes} node{'s' if nodes > 1 else ''}, {s.rows} rows per rank x "
-             f"{s.micro_batches} micro-batch{'es' if s.micro_batches > 1 else ''}"
+             f"{counted(s.num_ranks, 'rank')} on {counted(nodes, 'node')}, {counted(s.rows, 'row')} per rank x "
+             f"{counted(s.micro_batches, 'micro-batch')}"
              f"{', overlap' if s.overlap.enabled else ''}; * = the chosen run", ""]
     names = [describe(p.shape).replace("stage ", "st ").replace(" in groups of ", " S=")
              .replace(" with hpZ", " hpZ") + ("*" if p.shape == s else "") for p in plans]
@@ -192,7 +193,7 @@ def _calls(calls):
     for call in calls + [None]:
         if run and (call is None or call[:3] != run[0][:3]):
             op, nbytes, ranks = run[0][:3]
-            lines.append(f"  {len(run):>3} x {OP_NAMES[op]} of {_size(nbytes)} over {ranks} ranks")
+            lines.append(f"  {len(run):>3} x {OP_NAMES[op]} of {_size(nbytes)} over {counted(ranks, 'rank')}")
             run = []
         if call is not None:
             run.append(call)

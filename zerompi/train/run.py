@@ -51,7 +51,7 @@ from ..devices.cpu import blas_threads
 from ..devices.nccl import NcclCommunicator
 from ..engine import build_engine
 from ..exit_codes import ExitCode
-from ..inputs import printable
+from ..inputs import format_bytes, printable
 from ..ledger import GRADS, METRICS, PARAMS
 from ..memory import model_size_error
 from ..mpi import MpiUnavailable, launcher_rank
@@ -66,7 +66,7 @@ from .before_mpi import choices_before_mpi
 from .config import TrainConfig, parse_args
 from .config_checks import check_config
 from .data import Dataset, load_data
-from .destination import live_progress
+from .destination import launcher_terminal, live_progress
 from .divergence import Stalls, not_finite_message, stop, stop_if_parameters_not_finite
 from .end_job import end_job
 from .errors import ArgumentError
@@ -156,7 +156,8 @@ def setup(cfg, comm, out):
     print_header(state, sizes, note)                         # zerompi/train/header.py
     if comm.rank == 0 and live_progress(cfg.progress, out, os.environ):     # zerompi/train/destination.py
         from .status_line import StatusLine        # here: tqdm's import would cost every rank's start-up
-        state.status = state.out = StatusLine(out, first_step, cfg.steps)   # log lines scroll above it
+        state.status = state.out = StatusLine(out, first_step, cfg.steps,    # log lines scroll above it
+                                              launcher_terminal(out, os.environ))
     state.progress = Progress(cfg, comm, state.out)
     return state
 
@@ -244,11 +245,22 @@ def checkpoint(state, done, signals):
     preempted = cfg.save_dir and signals.agreed(comm) and done < cfg.steps
     if cfg.save_dir and (preempted or done == cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
         stop_if_parameters_not_finite(state.engine, cfg, done, state.status)
-        save_training_checkpoint(state.engine, cfg, done, state.scaler, state.lineage)
+        started = time.perf_counter()
+        save_training_checkpoint(state.engine, cfg, done, state.scaler, state.lineage, state.data.input_scale)
+        if comm.rank == 0:                      # rank 0 knows the folder it published
+            comm.print0(saved_line(cfg.save_dir, state.lineage["parent"], done, time.perf_counter() - started),
+                        file=state.out)
     if preempted:
         comm.print0(f"step {done}: signalled: checkpoint written to {cfg.save_dir}; exiting with status "
                     f"{ExitCode.PREEMPTED:d} (continue with --resume)", file=state.out)
         raise SystemExit(ExitCode.PREEMPTED)
+
+
+def saved_line(save_dir, folder, done, seconds):
+    """The log line of a checkpoint written: its step, folder, size on disk and the seconds it took."""
+    path = os.path.join(save_dir, folder)
+    size = sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
+    return f"step {done}: checkpoint {path} written, {format_bytes(size)} in {seconds:.2f} s"
 
 
 def finish(state, train_seconds):

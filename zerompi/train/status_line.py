@@ -17,6 +17,8 @@ that also wants to own the terminal's other output.
 StatusLine is a text stream for print(): what rank 0 prints goes through it, and each whole line
 goes to tqdm.write.
 """
+import os
+
 from tqdm import tqdm
 
 
@@ -29,11 +31,15 @@ class StatusLine:
 
     MIN_INTERVAL = 0.1                     # seconds between redraws
 
-    def __init__(self, stream, first_step, steps):
+    def __init__(self, stream, first_step, steps, terminal=None):
+        """terminal: the path of the terminal the stream ends on, where the stream is a pipe to it
+        (MPICH's mpirun: zerompi/train/destination.py), whose width the line then fits."""
         self.stream, self.pending = stream, ""
         self.bar = _Bar(total=steps, initial=first_step, file=stream, dynamic_ncols=True, leave=False,
                         mininterval=self.MIN_INTERVAL, unit=" steps", ascii=False,
                         bar_format="step {n}/{total} |{bar}| {desc} | {rate_fmt} | {elapsed}<{remaining}")
+        if terminal is not None:
+            self.bar.dynamic_ncols = _size_of(terminal)
 
     def update(self, step, loss):
         """After each step: tqdm redraws when MIN_INTERVAL has passed."""
@@ -55,3 +61,19 @@ class StatusLine:
         """Erase the live line for good (idempotent)."""
         self.bar.close()
         self.stream.flush()
+
+
+def _size_of(terminal):
+    """tqdm's dynamic_ncols for a terminal other than its file: (columns, rows) at each redraw, or
+    (None, None) (no width: tqdm's default) when it cannot be read."""
+    try:
+        fd = os.open(terminal, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return lambda _: (None, None)
+
+    def size(_):
+        try:
+            return tuple(os.get_terminal_size(fd))
+        except OSError:
+            return None, None
+    return size
