@@ -51,7 +51,9 @@ def plot(results, psi, out):
     ax.set_ylabel("model state per rank (MB)")
     ax.set_title(f"ZeRO memory per rank, bf16 + fp32 Adam, Psi = {psi:,}\n"
                  "markers: measured (allocated buffers), dashed: formula")
-    finish_figure(fig, ax, out)
+    data = {"psi": psi, **{f"stage {stage}": [{"ranks": n, "measured bytes": m, "formula bytes": f}
+                                              for n, m, f in rows] for stage, rows in results.items()}}
+    finish_figure(fig, ax, out, data)
 
 
 def main():

@@ -60,7 +60,9 @@ def plot(spans, steps, first, last, out):
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], ncol=4,
               loc="upper center", bbox_to_anchor=(0.5, -0.18 if len(ranks) > 2 else -0.3), frameon=False)
     ax.set_title("compute (upper lane) and communication (lower lane) per rank")
-    save_figure(fig, out)
+    drawn = {f"rank {rank}": sorted({kind for kind, start, duration, _ in spans[rank]
+                                     if begin <= start + duration and start <= end}) for rank in ranks}
+    save_figure(fig, out, {"steps": [first, last], "kinds drawn": drawn})      # the times: the machine's
 
 
 def main():

@@ -4,15 +4,25 @@
     report(n, *flags)            -> the JSON end-of-run report (--report json) as a dict
     read_jsonl(path)             -> the --metrics file as a list of dicts, one per step
     pyplot()                     -> matplotlib.pyplot, drawing to files, text sized to be read
-    save_figure(fig, out)        -> the PNG at out (its folder created), FIGURE_DPI dots per inch
+    save_figure(fig, out, data)  -> the PNG at out (its folder created), FIGURE_DPI dots per inch,
+                                    and beside it OUT.json: the command, the date, the data drawn
+    same_data(a, b)              -> the figures' data files agree (each number within the
+                                    tolerance its file gives; tests/test_doc_commands.py)
 
 Figures go by default to runs/figures/ under the current folder (git ignores /runs/ at the top of
 a checkout), never over the tracked docs/figures/: those are redrawn on purpose with
 `--out docs/figures/NAME.png` (docs/observability.md). A figure 10 inches wide at FIGURE_DPI is
 1500 pixels, its smallest text FONT_POINTS.
+
+Each figure carries the command and the date that drew it, at its foot and in its data file
+(`{"command", "date", "tolerance", "data"}`): a figure is checked through the data it plots, with
+`tolerance` the relative difference a number may have on another machine (0: exactly equal).
 """
+import datetime
 import json
+import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -54,16 +64,37 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, out):
-    """Tight layout, and the PNG at out, its folder created if need be."""
+def save_figure(fig, out, data, tolerance=0.0):
+    """Tight layout, the command and the date at the foot, and the PNG at out, its folder created
+    if need be; the data drawn in OUT.json beside it (out without .png, then .json)."""
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=FIGURE_DPI)
+    command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    date = datetime.date.today().isoformat()
+    fig.text(0.995, 0.005, f"{command}, {date}", ha="right", va="bottom", fontsize=FONT_POINTS - 3, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(out, dpi=FIGURE_DPI, metadata={"Description": f"{command}, {date}"})
+    with open(os.path.splitext(out)[0] + ".json", "w") as f:
+        json.dump({"command": command, "date": date, "tolerance": tolerance, "data": data}, f, indent=1)
+        f.write("\n")
     print(f"wrote {out}")
 
 
-def finish_figure(fig, ax, out):
+def same_data(a, b, tolerance=None):
+    """Whether two figures' data files (as loaded) hold the same data: the same structure, every
+    number within a's relative tolerance."""
+    if tolerance is None:
+        return a["tolerance"] == b["tolerance"] and same_data(a["data"], b["data"], a["tolerance"])
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_data(a[k], b[k], tolerance) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same_data(x, y, tolerance) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(a, b, rel_tol=tolerance, abs_tol=0.0 if tolerance == 0 else 1e-12)
+    return a == b
+
+
+def finish_figure(fig, ax, out, data, tolerance=0.0):
     """Legend, grid, and save_figure (the loss and memory figures end so)."""
     ax.legend()
     ax.grid(alpha=0.3)
-    save_figure(fig, out)
+    save_figure(fig, out, data, tolerance)

@@ -13,8 +13,11 @@ The mark: an HTML comment on the line just before the block's fence (Markdown hi
 
 The blocks of a page run in the page's order, each as one `bash -e -o pipefail` script, in one
 scratch copy of the repository per page (what a user who follows the page from a checkout has),
-with this environment's python and mpirun first on PATH. A `sh` block without a mark fails.
+with this environment's python and mpirun first on PATH. A `sh` block without a mark fails. A
+block that redraws docs/figures/ is checked through the data it plots: each figure's data file
+(examples/zerompi_runs.py) must agree with the repository's, within the tolerance the file gives.
 """
+import json
 import math
 import os
 import re
@@ -26,6 +29,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from zerompi_runs import same_data  # noqa: E402
 PAGES = ["README.md", "benchmarks/README.md"] + sorted(
     os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
 MARK = re.compile(r"<!-- (run(?: [^>]*)?|not run: [^>]+) -->")
@@ -119,3 +124,17 @@ def test_the_block_runs_as_its_page_says(page, line, mark, body, scratch):
             pass
     assert process.returncode == expected, (f"{page}:{line} exited {process.returncode}, the page says {expected}:"
                                             f"\n{script}\n--- stdout\n{stdout[-4000:]}\n--- stderr\n{stderr[-4000:]}")
+    for figure in re.findall(r"docs/figures/[\w-]+\.png", body):     # redrawn: the data it plots agrees
+        data = os.path.splitext(figure)[0] + ".json"
+        with open(os.path.join(ROOT, data)) as kept, open(os.path.join(scratch(page), data)) as redrawn:
+            assert same_data(json.load(kept), json.load(redrawn)), f"{data}: the redrawn figure plots other data"
+
+
+def test_figure_data_agree_within_their_tolerance_only():
+    memory = {"command": "c", "date": "d", "tolerance": 0.0, "data": {"stage 1": [{"ranks": 2, "bytes": 1000}]}}
+    loss = {"command": "c", "date": "e", "tolerance": 1e-3, "data": {"stage 0": [2.0, 1.5]}}
+    assert same_data(memory, dict(memory, date="another day"))
+    assert not same_data(memory, dict(memory, data={"stage 1": [{"ranks": 2, "bytes": 1001}]}))
+    assert same_data(loss, dict(loss, data={"stage 0": [2.0005, 1.5]}))
+    assert not same_data(loss, dict(loss, data={"stage 0": [2.01, 1.5]}))
+    assert not same_data(loss, dict(loss, data={"stage 0": [2.0]}))

@@ -85,3 +85,51 @@ def test_every_fault_names_a_test_that_exists():
             if path is None or (name and f"def {name}(" not in open(path).read()):
                 missing.append(f"{file}::{name}")
     assert rows and missing == [] and untested == [], (missing, untested)
+
+
+FLAGS_ONLY = re.compile(r"--[a-z-]+ \S+(?: --[a-z-]+ \S+)*")
+
+
+def first_checks_rows():
+    """(inputs, quotes) of each row of docs/faults-and-bad-input.md's first-checks table whose
+    inputs are all plain flags with values (the others need files, ranks or a GPU: tests/test_cli.py)."""
+    text = text_of("docs/faults-and-bad-input.md")
+    table = text[text.index("## Bad input: the first checks"):].split("\n\n## ")[0]
+    rows = []
+    for line in table.splitlines()[2:]:
+        if not line.startswith("| ") or line.startswith("|---") or line.startswith("| input |"):
+            continue
+        first, second = line.strip("| ").split(" | ")[:2]
+        inputs = re.findall(r"`([^`]+)`", first)
+        if inputs and all(FLAGS_ONLY.fullmatch(item) and "gpu" not in item and "nccl" not in item for item in inputs) \
+                and first == ", ".join(f"`{item}`" for item in inputs):
+            rows.append((inputs, [piece.strip() for quote in re.findall(r"`([^`]+)`", second)
+                                  for piece in quote.split("...") if len(piece.strip()) >= 8]))
+    return rows
+
+
+def test_the_first_checks_quote_what_the_program_prints():
+    """The table quoted `unknown --stage 7: choose 0, 1, 2 or 3`, which no version printed: each
+    quote of a row whose inputs are flags is found in what those flags print."""
+    import subprocess
+    import sys
+    rows = first_checks_rows()
+    assert len(rows) >= 5, rows
+    for inputs, quotes in rows:
+        printed = "".join(subprocess.run([sys.executable, "-m", "zerompi.train", *item.split()], capture_output=True,
+                                         text=True, timeout=120).stderr for item in inputs)
+        missing = [quote for quote in quotes if quote not in printed]
+        assert missing == [], f"{inputs}: the table quotes {missing}, they print:\n{printed}"
+
+
+NAMED_LINK = re.compile(r"\[`?([\w./-]+\.(?:md|py|sh|sbatch|toml|json))`?\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_link_whose_text_names_a_file_goes_to_that_file(page):
+    """[command-line.md](faults-and-bad-input.md) sent readers to another page than it named."""
+    wrong = [(text, target) for text, target in NAMED_LINK.findall(text_of(page))
+             if "://" not in target and os.path.basename(text) != os.path.basename(target)]
+    assert wrong == [], f"{page}: links whose text names another file: {wrong}"
+    assert NAMED_LINK.findall("[a.md](b.md#x) [`tools/x.py`](../tools/x.py)") == [("a.md", "b.md"),
+                                                                                 ("tools/x.py", "../tools/x.py")]

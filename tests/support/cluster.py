@@ -28,9 +28,16 @@ sys.path.insert(0, TOOLS)
 from emulated_cluster import Cluster  # noqa: E402
 
 
+SESSION_NUMBERS = range(90)           # + 10 for spare_number(): within tools/emulated_cluster.py's 0-99
+
+
 def session_number():
-    """The number of this test session's emulated cluster."""
-    return int(os.environ.get("ZEROMPI_TEST_CLUSTER", "1"))
+    """The number of this test session's emulated cluster ($ZEROMPI_TEST_CLUSTER, 0-89)."""
+    text = os.environ.get("ZEROMPI_TEST_CLUSTER", "1")
+    if not (text.isascii() and text.isdigit() and int(text) in SESSION_NUMBERS):
+        pytest.fail(f"ZEROMPI_TEST_CLUSTER={text!r}: a number from 0 to 89 (a spare cluster takes it + 10, "
+                    f"and the tool's numbers end at 99)", pytrace=False)
+    return int(text)
 
 
 def spare_number():

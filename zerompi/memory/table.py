@@ -126,7 +126,7 @@ def _build_parser():
                        help="ranks per node: print the tables across nodes instead of the --ranks ones")
     nodes.add_argument("--nodes", type=rank_count, nargs="+", metavar="k",
                        help="node counts, one row each (N = k L ranks; default: "
-                            + " ".join(map(str, DEFAULT_NODES)) + ")")
+                            + " ".join(map(str, DEFAULT_NODES)) + ", those whose N the group divides)")
     nodes.add_argument("--shard-group", type=rank_count, metavar="S",
                        help="ranks per group of hybrid sharding, dividing every row's N "
                             "(default: L, one node)")
@@ -144,7 +144,11 @@ def _check_args(parser, args):
         parser.error("--ranks and --ranks-per-node exclude each other: "
                      "with --ranks-per-node the rows are --nodes")
     group = args.shard_group or args.ranks_per_node
-    for k in args.nodes or DEFAULT_NODES:
+    if args.nodes is None:                      # the default rows: those the group divides
+        args.nodes = [k for k in DEFAULT_NODES if k * args.ranks_per_node % group == 0] or None
+        if args.nodes is None:
+            parser.error(f"--shard-group {group} divides none of the default rows' N: give --nodes")
+    for k in args.nodes:
         if k * args.ranks_per_node > MOST_RANKS:
             parser.error(f"--nodes {k} x --ranks-per-node {args.ranks_per_node} is more than {MOST_RANKS} ranks")
         if (k * args.ranks_per_node) % group:
@@ -244,7 +248,7 @@ def main(argv=None) -> int:
     if args.ranks_per_node is None:
         _print_flat_tables(args.params, args.ranks or DEFAULT_RANKS, b)
     else:
-        _print_node_tables(args.params, args.ranks_per_node, args.nodes or DEFAULT_NODES,
+        _print_node_tables(args.params, args.ranks_per_node, args.nodes,
                            args.shard_group or args.ranks_per_node, b)
     return 0
 
