@@ -31,8 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
-SINGLE_LIMIT_SECONDS = 2400        # about 1300 tests, many of them MPI jobs: 6 min on 2 cores, 30 on a busy machine
-SLURM_LIMIT_SECONDS = 1200         # three files of real Slurm jobs: 3 min alone, 14.7 with the 2 cores shared
+SINGLE_LIMIT_SECONDS = 2400        # about 1300 tests, many of them MPI jobs: 6 min on 2 cores, 10 beside 4 busy processes (docs/testing.md)
+SLURM_LIMIT_SECONDS = 1200         # three files of real Slurm jobs: 3 min alone, 5 beside 4 busy processes
 SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py",      # in this order: see test_local_slurm.py
                "tests/test_slurm_multi_node.py"]
 

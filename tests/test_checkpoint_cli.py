@@ -611,7 +611,7 @@ def test_a_save_dir_made_for_a_run_refused_after_the_lock_is_removed_again(tmp_p
 
 
 def test_each_checkpoint_written_is_one_log_line_with_its_folder_size_and_seconds(tmp_path):
-    """The log never said when a checkpoint was written: now one line each, on progress's stream."""
+    """Each checkpoint written is one log line, on progress's stream: its step, folder, size and seconds."""
     run = train_ok(2, "--steps", 5, "--save-every", 2, *COMMON, "--save-dir", "ck", cwd=tmp_path)
     lines = [line for line in run.stdout.splitlines() if "checkpoint" in line]
     sizes = [sum(os.path.getsize(tmp_path / "ck" / step / name) for name in os.listdir(tmp_path / "ck" / step))
@@ -623,9 +623,9 @@ def test_each_checkpoint_written_is_one_log_line_with_its_folder_size_and_second
 
 
 def test_an_export_says_how_to_feed_the_model_and_a_numpy_forward_pass_agrees(tmp_path):
-    """The digits are divided by 16 inside the loader, said only in a docstring: a user's own
-    forward pass on the exported weights got 95.7% instead of 98.0%. The export's metadata carries
-    the factor, and the held-out accuracy computed from the export with it is the run's."""
+    """The loader divides the digits by 16: the export's metadata carries the factor (without it a
+    forward pass of the raw pixel counts gets another accuracy), and the held-out accuracy
+    computed from the export with it is the run's."""
     from safetensors import safe_open
     from zerompi.train.data import DIGITS_PATH
     run = train_ok(2, "--steps", 40, "--hidden", 16, "--save-dir", "ck", "--report", "none", cwd=tmp_path)

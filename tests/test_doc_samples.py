@@ -20,6 +20,17 @@ def folder(tmp_path_factory):
     return doc_samples.scratch_copy(str(tmp_path_factory.mktemp("samples")))
 
 
+def test_a_mark_without_its_block_is_an_error_not_a_sample_skipped():
+    for text in ("<!-- sample: true -->\n\n```\nx\n```", "<!--sample: true -->\n```\nx\n```",
+                 "<!-- sample true -->\n```\nx\n```", "<!-- sample: true -->\n```text\nx\n```"):
+        with pytest.raises(ValueError, match="a sample mark must read"):
+            doc_samples.samples("p.md", text)
+    page = "- item\n\n  <!-- sample: echo a -->\n  ```\n  a\n  ```\n"
+    (indented,) = doc_samples.samples("p.md", page)                 # inside a list item: its indent kept
+    assert indented.text == "a" and indented.line == 3
+    assert doc_samples.rewritten(page, indented, "b\nc") == "- item\n\n  <!-- sample: echo a -->\n  ```\n  b\n  c\n  ```\n"
+
+
 def test_every_page_that_shows_the_run_has_samples():
     pages = {sample.page for sample in ALL}
     assert {"README.md", "docs/theory.md", "docs/planning.md", "docs/multi-node.md", "docs/observability.md"} <= pages
@@ -27,6 +38,7 @@ def test_every_page_that_shows_the_run_has_samples():
 
 def test_the_check_masks_the_machine_and_nothing_else():
     sample = doc_samples.Sample("p.md", 1, "lines=1,...,3 mask=rss", "true", "")
+    assert sample.masked("4.59 ms/step") != sample.masked("4.59 ms")            # a unit's words stay
     output = "step  25/300  loss 2.055  acc 49.0%  |g| 0.284  lr 3.0e-3  4.59 ms/step  0:00\nx\n" \
              "   0    13.06 kB    87.28 kB   64.95 MB"
     assert sample.select(output) == "step  25/300  loss 2.055  acc 49.0%  |g| 0.284  lr 3.0e-3  4.59 ms/step  0:00\n" \

@@ -109,15 +109,17 @@ def first_checks_rows():
 
 
 def test_the_first_checks_quote_what_the_program_prints():
-    """The table quoted `unknown --stage 7: choose 0, 1, 2 or 3`, which no version printed: each
-    quote of a row whose inputs are flags is found in what those flags print."""
+    """Each quote of a row whose inputs are flags is found in what those flags print, and each of
+    them is refused (exit 2)."""
     import subprocess
     import sys
     rows = first_checks_rows()
     assert len(rows) >= 5, rows
     for inputs, quotes in rows:
-        printed = "".join(subprocess.run([sys.executable, "-m", "zerompi.train", *item.split()], capture_output=True,
-                                         text=True, timeout=120).stderr for item in inputs)
+        runs = [subprocess.run([sys.executable, "-m", "zerompi.train", *item.split()], capture_output=True,
+                               text=True, timeout=120) for item in inputs]
+        assert [run.returncode for run in runs] == [2] * len(inputs), (inputs, [run.stderr for run in runs])
+        printed = "".join(run.stderr for run in runs)
         missing = [quote for quote in quotes if quote not in printed]
         assert missing == [], f"{inputs}: the table quotes {missing}, they print:\n{printed}"
 
@@ -127,7 +129,7 @@ NAMED_LINK = re.compile(r"\[`?([\w./-]+\.(?:md|py|sh|sbatch|toml|json))`?\]\(([^
 
 @pytest.mark.parametrize("page", PAGES)
 def test_a_link_whose_text_names_a_file_goes_to_that_file(page):
-    """[command-line.md](faults-and-bad-input.md) sent readers to another page than it named."""
+    """A link such as [command-line.md](faults-and-bad-input.md) sends a reader elsewhere than it says."""
     wrong = [(text, target) for text, target in NAMED_LINK.findall(text_of(page))
              if "://" not in target and os.path.basename(text) != os.path.basename(target)]
     assert wrong == [], f"{page}: links whose text names another file: {wrong}"

@@ -50,8 +50,8 @@ def test_up_with_a_delay_the_kernel_cannot_make_says_that_nothing_was_made():
 
 @pytest.mark.parametrize("value", ["95", "90", "-1", "x", "٣"])
 def test_a_test_cluster_number_beyond_what_the_spare_leaves_is_refused(value, monkeypatch):
-    """ZEROMPI_TEST_CLUSTER was documented as 0-9 on one page and 0-89 on another; 95's spare
-    cluster (105) is beyond the tool's 0-99: refused by name."""
+    """ZEROMPI_TEST_CLUSTER is 0-89: 95's spare cluster (105) would be beyond the tool's 0-99;
+    refused by name."""
     from support.cluster import session_number, spare_number
     monkeypatch.setenv("ZEROMPI_TEST_CLUSTER", value)
     with pytest.raises(pytest.fail.Exception, match="ZEROMPI_TEST_CLUSTER"):

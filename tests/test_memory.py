@@ -158,7 +158,7 @@ def test_cli_comm_table(capsys):
 
 
 def test_cli_writes_a_small_model_in_the_unit_that_fits_it(capsys):
-    """A model of 26,122 parameters printed 0.0G everywhere: its tables are in kB."""
+    """A model of 26,122 parameters is printed in kB (in GB every cell would read 0.0G)."""
     assert main(["--params", "26122", "--ranks", "1", "8"]) == 0
     out = capsys.readouterr().out
     assert "Per-GPU memory (kB)" in out and "     8      418.0k     143.7k      98.0k      52.2k" in out
@@ -467,7 +467,7 @@ def test_cli_bad_values_across_nodes(argv, message, capsys):
 
 
 def test_a_group_of_two_nodes_prints_the_default_rows_it_divides(capsys):
-    """docs/multi-node.md's `--shard-group 16` failed as written: the first default row has 8 ranks."""
+    """`--shard-group 16` on 8 ranks per node: the default rows whose N 16 divides (the first has 8 ranks)."""
     assert main(["--params", "7e9", "--ranks-per-node", "8", "--shard-group", "16"]) == 0
     rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
     assert rows[:4] == [["2", "16"], ["4", "32"], ["8", "64"], ["16", "128"]], rows

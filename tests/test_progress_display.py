@@ -110,7 +110,7 @@ class File:
     ("live", File(), {}, True),                                          # asked for
     ("lines", Terminal(), {}, False),
     ("auto", Terminal(), {}, True),
-    ("auto", File(), {}, False),                                         # a file, a pipe (MPICH's mpirun)
+    ("auto", File(), {}, False),                                         # a file, a pipe
     ("auto", Terminal(), {"SLURM_JOB_ID": "7"}, False),                  # a batch job (or salloc)
     ("auto", Terminal(), {"SLURM_JOB_ID": "7", "SLURM_PTY_PORT": "4000"}, True),   # srun --pty
     ("auto", Terminal(), {"OMPI_COMM_WORLD_SIZE": "1"}, False),         # Open MPI, no mpirun above us
@@ -184,8 +184,8 @@ def mpich_run(tmp_path, stdout, *flags):
 
 
 def test_auto_under_mpich_on_a_terminal_draws_the_live_line_fitted_to_it(tmp_path):
-    """MPICH's mpirun hands each rank a pipe and copies it to its own output: the live line was
-    never drawn on a terminal under it; now it is, as wide as mpirun's terminal at most."""
+    """MPICH's mpirun hands each rank a pipe and copies it to its own output: on a terminal the
+    live line is drawn through it, as wide as mpirun's terminal at most."""
     if "MPICH" not in subprocess.run([sys.executable, "-m", "mpi4py", "--mpi-lib-version"], capture_output=True,
                                      text=True).stdout:
         pytest.skip("the MPI library is not MPICH")
@@ -200,6 +200,26 @@ def test_auto_under_mpich_on_a_terminal_draws_the_live_line_fitted_to_it(tmp_pat
         assert mpich_run(tmp_path, out, *FLAGS).wait(timeout=120) == 0
     data = (tmp_path / "out.txt").read_bytes()
     assert b"step 60/60  loss" in data and b"\r" not in data and b"\x1b" not in data, data
+
+
+@pytest.mark.parametrize("how", ["a shell redirects the rank", "mpirun prefixes each line"])
+def test_under_mpich_on_a_terminal_a_rank_not_copied_as_it_comes_writes_lines(how, tmp_path):
+    """mpirun on a terminal, but the rank's output goes to a file through a shell, or mpirun adds
+    '[0] ' to each line (the width would not count it): plain lines, no control codes."""
+    if "MPICH" not in subprocess.run([sys.executable, "-m", "mpi4py", "--mpi-lib-version"], capture_output=True,
+                                     text=True).stdout:
+        pytest.skip("the MPI library is not MPICH")
+    train = [sys.executable, "-m", "zerompi.train", *map(str, FLAGS), "--steps", "400"]     # long enough to draw
+    command = ([_mpirun(), "-n", "2", "sh", "-c", 'exec "$@" > rank$PMI_RANK.log', "sh", *train]
+               if how.startswith("a shell") else [_mpirun(), "-l", "-n", "2", *train])
+    leader, follower = open_terminal(60)
+    launcher = subprocess.Popen(command, cwd=tmp_path, stdout=follower, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=environment())
+    os.close(follower)
+    text = read_all(leader)
+    assert launcher.wait(timeout=120) == 0, text
+    data = (tmp_path / "rank0.log").read_bytes().decode() if how.startswith("a shell") else text
+    assert "step 400/400  loss" in data and not CONTROL.search(data.replace("\r\n", "\n")), repr(data)
 
 
 # ----------------------------------------------------------------------------------------------

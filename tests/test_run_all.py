@@ -43,7 +43,7 @@ def test_the_summary_sums_the_runs_and_groups_the_skip_reasons():
 
 
 def test_multi_rank_tests_waiting_for_a_later_run_are_deferred_not_skipped():
-    """292 of 402 "skipped" were tests/mpi/ tests that run later under mpirun: it read as a problem."""
+    """tests/mpi/ tests skipped in a run without the ranks they need run in a later one: deferred, apart from the skips."""
     reasons = collections.Counter({"need --with-mpi option to run": 290, "no GPU here": 1,
                                    "Test requires 4 MPI processes, only 2 MPI processes specified, skipping test": 8,
                                    "Test requires 16 MPI processes, only 8 MPI processes specified, skipping test": 2})

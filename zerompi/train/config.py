@@ -134,8 +134,8 @@ class TrainConfig:
     report: str = option("table", "end-of-run ledger; json: stdout holds only the JSON report, progress goes "
                          "to stderr", OUTPUT, choices=REPORT_CHOICES)
     progress: str = option("auto", "live: a live step/loss/steps-per-second/ETA line on rank 0; lines: the "
-                           "log lines only; auto: live only where the output really is a terminal (not "
-                           "in files, Slurm jobs, MPICH's mpirun; docs/observability.md)", OUTPUT,
+                           "log lines only; auto: live only where the output really is a terminal, mpirun's "
+                           "own included (not in files or Slurm jobs; docs/observability.md)", OUTPUT,
                            choices=PROGRESS_CHOICES)
     metrics: str = option("", "write one JSON object per step to this .jsonl file (zerompi/train/metrics.py)",
                           OUTPUT, metavar="FILE")

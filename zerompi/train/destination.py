@@ -9,7 +9,9 @@ launcher hands the rank the real destination, so `auto` combines it with what th
     --progress auto      the live line only when one of these holds, outside a Slurm job:
       1. stdout is a terminal, and not Open MPI's (a plain run; Open MPI: see 3)
       2. under MPICH's or Intel MPI's mpirun (hydra: PMI_RANK set), whose ranks write to a pipe
-         that the launcher copies to its own output, as it comes: that output is a terminal
+         that the launcher copies to its own output, as it comes: stdout is that pipe (the
+         rank's parent is hydra_pmi_proxy: no shell redirected it), mpirun's output a terminal,
+         and mpirun neither writes files (-outfile-pattern) nor prefixes lines (-l, -prepend-*)
       3. under Open MPI (OMPI_COMM_WORLD_SIZE set) the launcher's own stdout is a terminal. Open
          MPI's mpirun gives every rank a pseudo-terminal even when mpirun's stdout is a file, so
          isatty() says yes for out.txt
@@ -26,6 +28,7 @@ prted: mpirun runs on another host), no such ancestor, or no /proc: lines. When 
 cannot be known, lines are the choice that is never wrong.
 """
 import os
+import stat
 
 SLURM_JOB, SLURM_PTY = "SLURM_JOB_ID", "SLURM_PTY_PORT"
 OPEN_MPI = "OMPI_COMM_WORLD_SIZE"
@@ -33,6 +36,8 @@ OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
 OPEN_MPI_DAEMONS = ("orted", "prted")       # a rank on another node than mpirun's
 HYDRA = "PMI_RANK"                          # MPICH's and Intel MPI's launcher (and srun's PMI)
 HYDRA_LAUNCHERS = ("mpirun", "mpiexec", "mpiexec.hydra")
+HYDRA_PROXY = "hydra_pmi_proxy"             # the rank's parent; it reads the rank's pipes
+HYDRA_REWRITES = {"-outfile-pattern", "-errfile-pattern", "-prepend-rank", "-prepend-pattern", "-l"}
 TERMINALS = ("/dev/pts/", "/dev/tty", "/dev/console")
 MAX_ANCESTORS = 16
 
@@ -49,11 +54,20 @@ def live_progress(choice, stream, environ):
 
 
 def launcher_terminal(stream, environ):
-    """The terminal that hydra's mpirun copies `stream` (a pipe) to, or None: for the live line's
-    width. None too where `stream` is itself a terminal (its own width counts)."""
-    if HYDRA not in environ or stream.isatty():
+    """The terminal that hydra's mpirun copies `stream` to, or None: for the live line's width.
+    Only where `stream` is the pipe this rank's hydra_pmi_proxy reads (its parent: not a shell
+    that redirects it) and mpirun copies it as it comes (no -outfile-pattern, no prefix of its
+    own on each line, which the width would not count). None too where `stream` is itself a
+    terminal (its own width counts)."""
+    if HYDRA not in environ or stream.isatty() or command_name(parent_of(os.getpid()) or 0) != HYDRA_PROXY:
         return None
-    return _launchers_target(os.getpid(), stream.fileno(), HYDRA_LAUNCHERS, ())
+    try:
+        if not stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode):
+            return None
+    except (OSError, ValueError):
+        return None
+    target = _launchers_target(os.getpid(), stream.fileno(), HYDRA_LAUNCHERS, ())
+    return target if target and not (set(_launcher_arguments()) & HYDRA_REWRITES) else None
 
 
 def launcher_writes_to_terminal(pid, fd):
@@ -66,18 +80,34 @@ def launcher_writes_to_terminal(pid, fd):
 def _launchers_target(pid, fd, launchers, daemons):
     """The terminal the nearest of pid's ancestors named in `launchers` has as its fd, or None
     (not a terminal; an ancestor in `daemons` first; no launcher; no /proc)."""
+    launcher = _launcher(pid, launchers, daemons)
+    try:
+        target = os.readlink(f"/proc/{launcher}/fd/{fd}") if launcher else ""
+    except OSError:
+        return None
+    return target if target.startswith(TERMINALS) else None
+
+
+def _launcher(pid, launchers, daemons):
+    """The pid of the nearest of pid's ancestors named in `launchers`, or None."""
     for _ in range(MAX_ANCESTORS):
         pid = parent_of(pid)
         name = command_name(pid) if pid else None
         if name is None or name in daemons:
             return None
         if name in launchers:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                return None
-            return target if target.startswith(TERMINALS) else None
+            return pid
     return None
+
+
+def _launcher_arguments():
+    """The command-line arguments of this rank's hydra launcher ([] when not found)."""
+    launcher = _launcher(os.getpid(), HYDRA_LAUNCHERS, ())
+    try:
+        with open(f"/proc/{launcher}/cmdline", "rb") as f:
+            return [word.decode(errors="replace") for word in f.read().split(b"\0")] if launcher else []
+    except OSError:
+        return []
 
 
 def parent_of(pid):

@@ -257,10 +257,14 @@ def checkpoint(state, done, signals):
 
 
 def saved_line(save_dir, folder, done, seconds):
-    """The log line of a checkpoint written: its step, folder, size on disk and the seconds it took."""
+    """The log line of a checkpoint written: its step, folder, size on disk (when the folder can
+    still be read: a log line never fails the run) and the seconds it took."""
     path = os.path.join(save_dir, folder)
-    size = sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
-    return f"step {done}: checkpoint {path} written, {format_bytes(size)} in {seconds:.2f} s"
+    try:
+        size = f", {format_bytes(sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file()))}"
+    except OSError:
+        size = ""
+    return f"step {done}: checkpoint {path} written{size} in {seconds:.2f} s"
 
 
 def finish(state, train_seconds):

@@ -35,11 +35,13 @@ class StatusLine:
         """terminal: the path of the terminal the stream ends on, where the stream is a pipe to it
         (MPICH's mpirun: zerompi/train/destination.py), whose width the line then fits."""
         self.stream, self.pending = stream, ""
-        self.bar = _Bar(total=steps, initial=first_step, file=stream, dynamic_ncols=True, leave=False,
-                        mininterval=self.MIN_INTERVAL, unit=" steps", ascii=False,
+        self.terminal = _Terminal(terminal) if terminal is not None else None
+        width = {"dynamic_ncols": True} if self.terminal is None else {"ncols": self.terminal.size()[0]}
+        self.bar = _Bar(total=steps, initial=first_step, file=stream, leave=False, mininterval=self.MIN_INTERVAL,
+                        unit=" steps", ascii=False, **width,
                         bar_format="step {n}/{total} |{bar}| {desc} | {rate_fmt} | {elapsed}<{remaining}")
-        if terminal is not None:
-            self.bar.dynamic_ncols = _size_of(terminal)
+        if self.terminal is not None:                # each redraw at the terminal's width as it is then
+            self.bar.dynamic_ncols = self.terminal.size
 
     def update(self, step, loss):
         """After each step: tqdm redraws when MIN_INTERVAL has passed."""
@@ -61,19 +63,29 @@ class StatusLine:
         """Erase the live line for good (idempotent)."""
         self.bar.close()
         self.stream.flush()
+        if self.terminal is not None:
+            self.terminal.close()
 
 
-def _size_of(terminal):
-    """tqdm's dynamic_ncols for a terminal other than its file: (columns, rows) at each redraw, or
-    (None, None) (no width: tqdm's default) when it cannot be read."""
-    try:
-        fd = os.open(terminal, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError:
-        return lambda _: (None, None)
+class _Terminal:
+    """The terminal a pipe ends on, opened to read its size at each redraw (tqdm's dynamic_ncols):
+    (columns, rows), or 80 columns when it cannot be read."""
 
-    def size(_):
+    FALLBACK = (80, None)
+
+    def __init__(self, path):
         try:
-            return tuple(os.get_terminal_size(fd))
+            self.fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
         except OSError:
-            return None, None
-    return size
+            self.fd = None
+
+    def size(self, _stream=None):
+        try:
+            return tuple(os.get_terminal_size(self.fd)) if self.fd is not None else self.FALLBACK
+        except OSError:
+            return self.FALLBACK
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
