@@ -186,6 +186,14 @@ def test_tomli_is_declared_for_python_before_3_11_only():
     assert (3, 10) in supported
 
 
+def test_the_tensorboard_extra_brings_the_command_the_docs_tell_to_run():
+    """docs/observability.md: `pip install -e '.[tensorboard]'`, then `tensorboard --logdir DIR`; the
+    writer (tensorboardX) alone has no `tensorboard` command."""
+    table, _ = declared(pyproject())
+    assert ("tensorboard" in [extra for extra, _ in table["tensorboard"]]
+            and "tensorboard" in [extra for extra, _ in table["tensorboardx"]]), table.get("tensorboard")
+
+
 FAKE_PYPROJECT = {"project": {
     "requires-python": ">=3.10",
     "dependencies": ["numpy>=1.24", "tomli>=1.1", "ml_dtypes; python_version >= '3.12'"],

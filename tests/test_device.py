@@ -133,6 +133,22 @@ def test_device_checks(monkeypatch):
     assert "NCCL needs a GPU per rank" in check_device(gpu, "float32", "nccl", 2)
 
 
+def test_a_dtype_alias_is_one_name_from_the_parse_on():
+    """--dtype bfloat16 is bf16 everywhere below the command line: the GPU's bfloat16 check ran for
+    the name bf16 only, and the header printed the alias."""
+    from zerompi.train.config import parse_args
+
+    class NoBfloat16:
+        is_gpu, count = True, 1
+
+        def zeros(self, n, dtype):
+            raise TypeError("no bfloat16 here")
+    for alias, name in (("bfloat16", "bf16"), ("float16", "fp16"), ("fp32", "float32"), ("fp64", "float64")):
+        assert parse_args(["--dtype", alias]).dtype == name
+    assert "this CuPy has no bfloat16 arrays" in check_device(NoBfloat16(), parse_args(["--dtype", "bfloat16"]).dtype,
+                                                              "mpi", 1)
+
+
 def test_to_numpy_on_the_cpu_is_the_array_itself():
     a = np.arange(3.0)
     assert to_numpy(a) is a

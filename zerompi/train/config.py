@@ -326,6 +326,7 @@ def parse_args(argv, rank=0, num_ranks=1):
         parser.set_defaults(**{f.name: getattr(from_file, f.name) for f in fields(TrainConfig)})
     args = parser.parse_args(argv)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    cfg.dtype = next(shown for shown in DTYPE_SHOWN if DTYPE_NAMES[shown] == DTYPE_NAMES[cfg.dtype])   # one name
     cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum = resolve_batch(
         cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum, num_ranks)
     error = (check_config(cfg, num_ranks) or loss_scale_error(DTYPE_NAMES[cfg.dtype] == "float16", cfg.loss_scale,
