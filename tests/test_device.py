@@ -2,7 +2,7 @@
 
 The real library answers where it can: this machine's MPI (the MPICH wheel) is not CUDA-aware,
 and every way of asking must say so. The GPU choice logic is checked against a stand-in `cupy`
-module (the real one needs a GPU); the GPU itself is exercised by examples/gpu_check.py.
+module (the real one needs a GPU); the GPU itself is exercised by tests/gpu_check.py.
 """
 import subprocess
 import sys

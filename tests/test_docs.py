@@ -135,3 +135,48 @@ def test_a_link_whose_text_names_a_file_goes_to_that_file(page):
     assert wrong == [], f"{page}: links whose text names another file: {wrong}"
     assert NAMED_LINK.findall("[a.md](b.md#x) [`tools/x.py`](../tools/x.py)") == [("a.md", "b.md"),
                                                                                  ("tools/x.py", "../tools/x.py")]
+
+
+def prose_of(path):
+    """The docstrings (module, classes, functions) and comments of a Python file."""
+    import ast
+    import io
+    import tokenize
+    with open(path) as f:
+        text = f.read()
+    found = [ast.get_docstring(node, clean=False) or "" for node in ast.walk(ast.parse(text))
+             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    found += [token.string for token in tokenize.generate_tokens(io.StringIO(text).readline)
+              if token.type == tokenize.COMMENT]
+    return "\n".join(found)
+
+
+SOURCE_PATH = re.compile(r"(?<![\w/.-])((?:zerompi|tests|tools|benchmarks|examples|slurm|docs)/[\w./-]*\w)")
+BARE_MODULE = re.compile(r"(?<![\w/.-])([a-z_]\w*\.py)\b")
+
+
+def stale_names(path, prose, existing_names):
+    """The repository paths (and, outside tests/, the bare file names) that prose names but that
+    do not exist; placeholders (NAME, *) aside."""
+    stale = [name for name in (match.rstrip(".") for match in SOURCE_PATH.findall(prose))
+             if "*" not in name and not re.search(r"[A-Z]{3,}", name) and not os.path.exists(os.path.join(ROOT, name))]
+    if not path.startswith("tests" + os.sep):
+        stale += [name for name in BARE_MODULE.findall(prose) if name not in existing_names]
+    return stale
+
+
+def test_docstrings_and_comments_name_files_that_exist():
+    """A moved or renamed file leaves the docstrings that name it stale (plan/__init__.py named a
+    dry_run.py and a test path that had moved): every path they name exists."""
+    files = [os.path.relpath(os.path.join(top, name), ROOT) for folder in ("zerompi", "tools", "examples",
+                                                                           "benchmarks", "tests")
+             for top, _, names in os.walk(os.path.join(ROOT, folder)) for name in names if name.endswith(".py")]
+    existing = set()
+    for top, folders, names in os.walk(ROOT):
+        folders[:] = [f for f in folders if not f.startswith(".") and f not in ("build", "runs", "__pycache__")]
+        existing.update(names)
+    stale = {path: names for path in files if (names := stale_names(path, prose_of(os.path.join(ROOT, path)),
+                                                                     existing))}
+    assert stale == {}, f"docstrings and comments name what does not exist: {stale}"
+    assert stale_names("zerompi/x.py", "see dry_run.py and zerompi/no_such.py, docs/figures/NAME.png",
+                       existing) == ["zerompi/no_such.py", "dry_run.py"]

@@ -51,7 +51,7 @@ def overlap_config(cfg):
 
 
 def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None):
-    """What the run's memory and collectives depend on (zerompi/plan/RunShape)."""
+    """What the run's memory and collectives depend on (RunShape, zerompi/plan/__init__.py)."""
     return RunShape(tuple(sizes), cfg.stage, precision_for(cfg.dtype), cfg.micro_batch_size, num_ranks,
                     cfg.grad_accum, grouping, overlap_config(cfg), node_of_rank, bool(cfg.init_weights or cfg.resume),
                     cfg.collective_timeout > 0)
