@@ -27,6 +27,7 @@ import numpy as np
 from ..inputs import check_fits
 from ..npz_members import declared, open_npz, read
 from ..precision import precision_for
+from ..words import counted
 
 
 class DataError(ValueError):
@@ -250,9 +251,8 @@ def load_data(cfg, ranks_on_node=1):
 def describe_batch(cfg):
     """The global batch and how it splits, for messages: "48 (16 rows x 1 micro-batch x 3 ranks)"."""
     N = cfg.batch_size // (cfg.micro_batch_size * cfg.grad_accum)
-    return (f"{cfg.batch_size} ({cfg.micro_batch_size} row{'s' if cfg.micro_batch_size != 1 else ''} x "
-            f"{cfg.grad_accum} micro-batch"
-            f"{'es' if cfg.grad_accum != 1 else ''} x {N} rank{'s' if N != 1 else ''})")
+    return (f"{cfg.batch_size} ({counted(cfg.micro_batch_size, 'row')} x {counted(cfg.grad_accum, 'micro-batch')} "
+            f"x {counted(N, 'rank')})")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..ledger import MEMORY_KINDS
 from ..memory import ring_traffic
+from ..words import counted
 
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
                           "grads_intra_node_bytes", "grads_inter_node_bytes", "params_intra_node_bytes",
@@ -147,7 +148,7 @@ def format_table(report):
 def format_node_split(report):
     """The communication table's ring volume split into intra- and inter-node, per rank per step."""
     r = report
-    nodes = f"{r['nodes']} node{'s' if r['nodes'] > 1 else ''}"
+    nodes = counted(r['nodes'], "node")
     lines = [f"Intra- and inter-node communication per rank per training step, {nodes} (ring model, bytes)",
              f"{'rank':>4} {'node':>4} {'grads intra':>12} {'grads inter':>12} {'params intra':>12} "
              f"{'params inter':>12} {'inter elements':>14} {'formula':>12}"]
