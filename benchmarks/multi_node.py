@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from zerompi.adam import AdamConfig                   # noqa: E402
 from zerompi.comm import Communicator                 # noqa: E402
 from zerompi.engine import build_engine               # noqa: E402
-from zerompi.hierarchy import FLAT, Grouping          # noqa: E402
+from zerompi.hierarchy import FLAT, Grouping, hierarchy_for   # noqa: E402
 from zerompi.hierarchy.groups import node_size        # noqa: E402
 from zerompi.memory import inter_node_per_node, ring_traffic, wire_bytes   # noqa: E402
 from zerompi.precision import precision_for           # noqa: E402
@@ -122,8 +122,9 @@ class VariantRun:
     def __init__(self, variant, ranks_per_node, node_leader, args):
         self.variant, self.iface = variant, args.iface
         self.grouping = variant.grouping(ranks_per_node)
+        comm = Communicator()
         self.engine = build_engine(args.sizes, variant.stage, precision_for("float32"), AdamConfig(),
-                                   args.batch_per_rank, grouping=self.grouping)
+                                   args.batch_per_rank, comm, hierarchy=hierarchy_for(comm, self.grouping))
         self.step = warmed_up_step(self.engine, args)     # benchmarks/step_time.py's
         self.round_s, self.steps, self.inter_bytes = [], 0, 0.0
         self.tx = 0 if node_leader and tx_bytes(self.iface) is not None else None   # None: not read here

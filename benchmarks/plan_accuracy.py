@@ -7,7 +7,7 @@ For each width W, an MLP W-W-...-W-10 (`layers` linear layers, float32, overlap 
 engines warmed up, then `repeats` rounds, each of which calibrates (zerompi/plan/calibrate.py, as
 `python -m zerompi.plan calibrate` does, at this N) and then times `steps` steps of every stage
 (step_time.py's timed_repeats: the slowest rank's mean), with the BLAS threads a run would use
-(zerompi/devices/cpu.py). Each round's prediction (plan_run's calls priced by step_cost with that
+(zerompi/cpu.py). Each round's prediction (plan_run's calls priced by step_cost with that
 round's calibration) over that round's measured step is its ratio: prediction and measurement
 side by side, so that the machine's drift over minutes (measured here: the same step's best time
 30% apart in runs an hour apart) cancels. Printed per width and stage: the medians over the
@@ -32,7 +32,7 @@ from zerompi.plan import RunShape, plan_run                           # noqa: E4
 from zerompi.plan.calibrate import calibrate, machine_from            # noqa: E402
 from zerompi.plan.cost import step_cost                               # noqa: E402
 from zerompi.precision import precision_for                           # noqa: E402
-from zerompi.devices.cpu import blas_threads                          # noqa: E402
+from zerompi.cpu import blas_threads                          # noqa: E402
 
 PRECISION = precision_for("float32")
 

@@ -191,7 +191,8 @@ class StageRun:
     def __init__(self, stage, overlap, args):
         B = args.batch_per_rank
         config = OverlapConfig(overlap == "on", args.bucket_mb, args.prefetch)
-        self.engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B, overlap=config)
+        self.engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B, bucket_mb=config.bucket_mb,
+                                   start_collectives=config.start)
         self.step = warmed_up_step(self.engine, args)
         self.stage, self.round_s, self.steps = stage, [], 0
         self.busy_s = self.exposed_s = self.ring_bytes = 0.0

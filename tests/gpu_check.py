@@ -211,15 +211,15 @@ def gemm_correctness(cupy, report):
 
 
 def device_ops_correctness(device, report):
-    """zerompi/devices/gpu.py's operations against the CPU device's (zerompi/devices/cpu.py) on the
+    """zerompi/devices/gpu.py's operations against the CPU device's (zerompi/cpu.py) on the
     same inputs: small integers, so that every product and sum is exact and the GEMMs' results
     must be equal bitwise whatever their summation order (tests/test_device_ops.py runs the same
     comparison with NumPy stand-ins for cuBLAS and the kernels). The GELUs compute tanh with CUDA's
     tanh, not NumPy's: equal to a few float32 ulps, then one 16-bit rounding in mixed precision."""
     from zerompi.adam import AdamConfig
-    from zerompi.devices.cpu import CPU
+    from zerompi.cpu import CPU
     from zerompi.devices.choice import check_device
-    from zerompi.devices.device import to_numpy
+    from zerompi.device import to_numpy
     from zerompi.precision import precision_for
     sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
     from device_ops import run_layer_ops
@@ -271,8 +271,8 @@ def nccl_available():
 def transport():
     """The CUDA-awareness verdict as a run under mpirun sees it (not this process: it starts no
     MPI before the runs above, which mpirun launches)."""
-    code = ("import os; from zerompi.devices.choice import select_device; from zerompi.comm import Communicator; "
-            "print(Communicator(device=select_device('gpu', os.environ)[0]).describe_transport())")
+    code = ("import os; from zerompi.devices.choice import select_device; from zerompi.devices import communicator_on; "
+            "print(communicator_on(select_device('gpu', os.environ)[0]).describe_transport())")
     result = subprocess.run([mpirun(), "-n", "1", sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=TIMEOUT)
     return result.stdout.strip() or f"unknown ({result.stderr.strip()[-300:]})"
@@ -300,14 +300,14 @@ def gemm_tflops(cupy, m, k, n, dtype, repeats=10):
 def step_speed(device, dtype_name, rows, report):
     """TFLOP/s of the training step of the benchmark MLP on one rank (an engine built in-process)."""
     from zerompi.adam import AdamConfig
-    from zerompi.comm import Communicator
+    from zerompi.devices import communicator_on
     from zerompi.engine import build_engine
     from zerompi.precision import precision_for
     from zerompi.step import train_step
 
     sizes = [1024, 2048, 2048, 2048, 2048, 10]
     precision = precision_for(dtype_name)
-    engine = build_engine(sizes, 1, precision, AdamConfig(), rows, Communicator(device=device))
+    engine = build_engine(sizes, 1, precision, AdamConfig(), rows, communicator_on(device))
     engine.init_params(0)
     rng = np.random.default_rng(0)
     x = device.from_numpy(rng.standard_normal((rows, sizes[0])).astype(precision.compute))

@@ -40,7 +40,7 @@ from test_cli import ERROR_MARK, launch, load_weights, train_ok
 from zerompi.adam import AdamConfig
 from zerompi.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from zerompi.checkpoint.reader import CheckpointReader
-from zerompi.checkpoint.params import full_layer_params
+from zerompi.stages.params import full_layer_params
 from zerompi.comm import Communicator
 from zerompi.engine import build_engine
 from zerompi.precision import precision_for
@@ -915,7 +915,7 @@ def test_checkpoint_commands_never_write_onto_a_checkpoint(command, output, chec
     ("fp16", "float16 ends at 65504): train in bf16 or float32", None),
 ])
 def test_initial_weights_beyond_the_dtype_get_advice_that_fits_the_run(dtype, says, never):
-    from zerompi.checkpoint.params import set_layer_params
+    from zerompi.stages.params import set_layer_params
     from zerompi.checkpoint.training import _unrepresentable
     engine = fresh_engine(dtype=dtype)
     assert _unrepresentable(engine, "w.npz") is None

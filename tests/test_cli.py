@@ -402,7 +402,7 @@ def test_help_is_grouped_with_choices_switches_and_defaults():
 
 
 def test_help_ends_with_every_exit_status_and_environment_variable():
-    from zerompi.exit_codes import ExitCode
+    from zerompi.util.exit_codes import ExitCode
     from zerompi.train.config import build_parser
     from zerompi.train.environment import ENVIRONMENT
     text = build_parser().format_help()
@@ -520,7 +520,7 @@ def test_version_prints_once_under_mpirun_and_names_the_versions(tmp_path):
 
 def test_exit_statuses_keep_their_numbers():
     """Job scripts branch on them (slurm/common.sh requeues a preempted job on 4)."""
-    from zerompi.exit_codes import ExitCode
+    from zerompi.util.exit_codes import ExitCode
     assert {code.name: int(code) for code in ExitCode} == {
         "OK": 0, "FAILED": 1, "BAD_INPUT": 2, "DIVERGED": 3, "PREEMPTED": 4, "COLLECTIVE_MISMATCH": 5,
         "COLLECTIVE_TIMEOUT": 6, "OUT_OF_MEMORY": 7, "INTERRUPTED": 130}
@@ -788,7 +788,7 @@ def test_a_note_naming_a_path_with_an_escape_sequence_shows_it_escaped(tmp_path)
 
 def test_one_rank_and_one_micro_batch_are_singular(tmp_path):
     """'on 1 ranks', '1 ranks x 1 micro-batches': counts are written as words are."""
-    from zerompi.words import counted
+    from zerompi.util.words import counted
     assert [counted(1, "rank"), counted(2, "rank"), counted(1, "micro-batch"), counted(4, "micro-batch")] == [
         "1 rank", "2 ranks", "1 micro-batch", "4 micro-batches"]
     run = train_ok(1, "--steps", 1, "--hidden", 8, "--log-every", 0, "--report", "table", cwd=tmp_path)

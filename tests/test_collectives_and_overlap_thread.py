@@ -7,14 +7,14 @@ import pytest
 from zerompi.comm import Communicator
 from zerompi.layout import Layout
 from zerompi.ledger import GRADS
-from zerompi.overlap import OverlapConfig, start_collectives
+from zerompi.overlap import OverlapConfig
 from zerompi.overlap.thread import ThreadedCollectives
 
 
 @pytest.mark.parametrize("enabled", [False, True], ids=["off", "on"])
 def test_calls_run_in_the_order_started_and_wait_all_finishes_them(enabled):
     comm = Communicator()
-    collectives = start_collectives(comm, OverlapConfig(enabled=enabled))
+    collectives = OverlapConfig(enabled=enabled).start(comm)
     assert isinstance(collectives, ThreadedCollectives) == enabled
     buffers = [np.full(1000, float(i)) for i in range(20)]
     requests = [collectives.allreduce(b, GRADS) for b in buffers]

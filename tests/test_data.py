@@ -7,7 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
-import zerompi.inputs
+import zerompi.util.inputs
 from zerompi.train.data import BatchSchedule, DataError, Dataset, load_npz, make_synthetic
 
 
@@ -345,14 +345,14 @@ def test_a_zip_bomb_is_refused_before_it_expands(tmp_path, monkeypatch):
     path = write_zip(tmp_path / "bomb.npz", {"x.npy": npy_bytes(np.float64, (rows, 10), bytes(rows * 80)),
                                              "y.npy": y_member(rows)}, zipfile.ZIP_DEFLATED)
     assert os.path.getsize(path) < 100_000                     # 8.8 MB of zeros in a few kB
-    monkeypatch.setattr(zerompi.inputs, "available_bytes", lambda ranks_on_node=1: 4_000_000)
+    monkeypatch.setattr(zerompi.util.inputs, "available_bytes", lambda ranks_on_node=1: 4_000_000)
     message = load_error(path)
     assert "'x' of shape (100000, 10) float64" in message and "more than the 4.0 MB" in message
 
 
 def test_memory_is_shared_by_the_ranks_on_the_node(tmp_path, monkeypatch):
     path = save(tmp_path, x=np.zeros((1000, 10)), y=np.zeros(1000, dtype=np.int64))
-    monkeypatch.setattr(zerompi.inputs, "available_bytes", lambda ranks_on_node=1: 400_000 // ranks_on_node)
+    monkeypatch.setattr(zerompi.util.inputs, "available_bytes", lambda ranks_on_node=1: 400_000 // ranks_on_node)
     assert load_npz(str(path), np.float64, ranks_on_node=1).x_train.shape == (1000, 10)
     with pytest.raises(DataError, match="more than the"):
         load_npz(str(path), np.float64, ranks_on_node=8)

@@ -14,8 +14,8 @@ import pytest
 
 from zerompi.devices import mpi_cuda
 from zerompi.devices.choice import check_device, local_rank, select_device
-from zerompi.devices.cpu import CPU
-from zerompi.devices.device import to_numpy
+from zerompi.cpu import CPU
+from zerompi.device import to_numpy
 from zerompi.devices.gpu import GPU
 
 

@@ -1,4 +1,4 @@
-"""The device's operations (zerompi/devices/cpu.py, gpu.py), the CPU's against its NumPy reference
+"""The device's operations (zerompi/cpu.py, gpu.py), the CPU's against its NumPy reference
 and the GPU's against the CPU's, without a GPU.
 
 The GPU's methods run as they are, with NumPy stand-ins for cuBLAS and the fused kernels
@@ -17,7 +17,7 @@ from device_ops import run_layer_ops
 from device_stand_in import StandInTensorCores
 from zerompi import layers
 from zerompi.adam import AdamConfig
-from zerompi.devices.cpu import CPU
+from zerompi.cpu import CPU
 from zerompi.precision import precision_for
 
 B, I, O, MAX_LAYER = 6, 5, 4, 64
@@ -142,7 +142,7 @@ def test_gpu_adamw_is_the_cpus_update(dtype):
 
 def test_the_devices_do_not_import_the_program():
     """zerompi/devices/ is below the training program (zerompi/train/), not beside it."""
-    code = ("import sys, zerompi.devices.device, zerompi.devices.nccl, zerompi.devices.mpi_cuda\n"
+    code = ("import sys, zerompi.device, zerompi.devices.nccl, zerompi.devices.mpi_cuda\n"
             "print(sorted(m for m in sys.modules if m.startswith('zerompi.train')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr

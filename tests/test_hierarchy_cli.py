@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from support.cluster import run_launcher
-from zerompi.exit_codes import ExitCode
+from zerompi.util.exit_codes import ExitCode
 from zerompi.hierarchy.groups import node_size
 from zerompi.train.config import parse_args
 from zerompi.train.grouping import grouping_error

@@ -1,4 +1,4 @@
-"""zerompi/inputs.py: only regular files are read (a FIFO never blocks), and declared sizes are
+"""zerompi/util/inputs.py: only regular files are read (a FIFO never blocks), and declared sizes are
 checked against the memory this process may still use."""
 import os
 import resource
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from zerompi.inputs import available_bytes, check_fits, open_regular
+from zerompi.util.inputs import available_bytes, check_fits, open_regular
 
 
 class Refused(ValueError):
@@ -42,7 +42,7 @@ def test_a_device_and_a_missing_file_are_refused():
 def test_the_address_space_limit_bounds_what_may_be_allocated():
     """Under ulimit -v, available_bytes is below the limit and check_fits refuses beyond it."""
     limit = 4 << 30
-    code = ("import resource; from zerompi.inputs import available_bytes, check_fits;"
+    code = ("import resource; from zerompi.util.inputs import available_bytes, check_fits;"
             f"resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}));"
             "a = available_bytes(); print(a);"
             "check_fits(a - (1 << 20), 'small', ValueError);"

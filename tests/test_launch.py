@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from zerompi.devices.cpu import blas_threads
+from zerompi.cpu import blas_threads
 from zerompi.mpi import launcher_rank
 from zerompi.train.launch import launch_mismatch
 

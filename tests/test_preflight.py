@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from zerompi.devices.cpu import CPU
+from zerompi.cpu import CPU
 from zerompi.hierarchy import FLAT, Grouping
 from zerompi.layout import Layout
 from zerompi.model import INIT_CHUNK
@@ -201,7 +201,7 @@ def test_starting_from_a_weights_file_stays_within_the_plans_start_allowance(fil
     start_transient_bytes, whatever float dtype the file holds (--save-weights of a float64 run
     writes float64)."""
     from zerompi.adam import AdamConfig
-    from zerompi.checkpoint.params import set_layer_params
+    from zerompi.stages.params import set_layer_params
     from zerompi.checkpoint.weights import read_weights
     from zerompi.comm import Communicator
     from zerompi.engine import build_engine

@@ -1,4 +1,4 @@
-"""Temporary files (zerompi/checkpoint/atomic.py): created exclusively beside their output, named
+"""Temporary files (zerompi/util/atomic.py): created exclusively beside their output, named
 with the host and pid of the process writing them, removed on every failure path, and removed by
 a later writer of the same output once their process has ended (never a live run's, never one of
 another host, which cannot be checked from here)."""
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from test_cli import _mpirun, train_ok
-from zerompi.checkpoint.atomic import atomic_file, create_temporary
+from zerompi.util.atomic import atomic_file, create_temporary
 
 
 def ended_pid():

@@ -9,7 +9,7 @@ import pytest
 
 from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
-from zerompi.checkpoint.params import full_layer_params, set_layer_params
+from zerompi.stages.params import full_layer_params, set_layer_params
 from zerompi.engine import build_engine
 from zerompi.precision import precision_for
 from zerompi.layout import Layout

@@ -26,7 +26,7 @@ chunk-sized scratch. The last line is computed in the equivalent form
 
 (the denominator multiplied through by sqrt(1 - beta2^t)), one pass fewer per chunk; the decay
 pass is skipped when weight decay is 0. What is left is 11-12 NumPy passes per chunk, through cache.
-That is `adamw_chunked` below, which the CPU device runs (zerompi/devices/cpu.py). `AdamW.update`
+That is `adamw_chunked` below, which the CPU device runs (zerompi/cpu.py). `AdamW.update`
 hands the arrays to its device (`device.adamw`): on a GPU the whole update is one fused kernel
 (zerompi/devices/gpu.py, zerompi/devices/kernels.py), one read of g, p, m, v and one write of p, m,
 v, and no scratch.

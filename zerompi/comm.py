@@ -21,13 +21,14 @@ the same volume as plain data parallelism.
 
 This file reads top to bottom as the CPU float32 mainline: the five collectives, each one
 mpi4py buffer call (MpiTransport), between `_begin` and `_end`, which time it and record it in
-the CommLedger (zerompi/ledger.py). Around that, in their own files:
+the CommLedger (zerompi/ledger.py). Around that, in their own files; the layers are handed in
+(this file imports none of them):
 
     transport   how a buffer reaches the wire: MpiTransport (host memory, below); on a GPU a
                 DeviceTransport (zerompi/devices/staging.py: stream synchronization, pinned host
                 staging when MPI is not CUDA-aware); NCCL (zerompi/devices/nccl.py)
-    guards      --check-collectives and --collective-timeout around every collective, off by
-                default (zerompi/observe/guards.py)
+    guards      --check-collectives and --collective-timeout around every collective
+                (zerompi/observe/guards.py); `Unguarded` (below) when none are given
     control     errors every rank agrees on, print0, bookkeeping gathers: not training traffic,
                 not ledgered (zerompi/control.py, mixed into the Communicator)
     nodes       which node each rank runs on, learned when the Communicator is built, so that
@@ -43,63 +44,17 @@ MPI is initialized when the first Communicator is built, not when this module is
 that zerompi/devices/choice.py can choose the GPU first; the library itself is loaded at the first
 use of MPI (zerompi/mpi.py), so that what needs no MPI (a plan) runs without one.
 """
-import atexit
 import copy
-import os
 import time
 
 import numpy as np
 
 from .control import ControlMessages
-from .devices.cpu import CPU
-from .devices.mpi_cuda import cuda_aware
-from .devices.staging import DeviceTransport
+from .cpu import CPU
 from .ledger import ALLGATHER, ALLREDUCE, CONTROL, REDUCE_SCATTER, CommLedger
-from .mpi import MPI, MpiUnavailable
+from .mpi import MPI, init_mpi
 from .nodes import node_of_rank, sends_across_nodes
-from .observe.guards import Guards
 from .precision import is_16bit
-
-
-def init_mpi():
-    """Initialize MPI once (threads allowed to call it: MPI_THREAD_MULTIPLE, mpi4py's default),
-    and finalize it at exit."""
-    if not MPI.Is_initialized():
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
-
-
-def abort_job(exit_code):
-    """End every rank of the job with exit_code (MPI_Abort), from any thread; before MPI has
-    started (or after it ended, or without an MPI library), this process alone. The shared memory
-    segments MPI mapped into this process are removed first: MPI_Abort leaves them in /dev/shm
-    (a job's own, as it maps them; never another job's), where they would pile up across requeues."""
-    remove_mapped_segments()
-    try:
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            MPI.COMM_WORLD.Abort(exit_code)
-    except MpiUnavailable:
-        pass
-    os._exit(exit_code)
-
-
-SEGMENT_PREFIXES = ("mpich_", "ucx_")           # the shared memory MPICH (and UCX under it) creates
-
-
-def remove_mapped_segments(maps="/proc/self/maps"):
-    """Remove the names of the /dev/shm segments of MPI that this process maps (the mappings stay
-    valid for the job's ranks until they end)."""
-    try:
-        with open(maps) as f:
-            paths = {line.split(None, 5)[5].strip() for line in f if " /dev/shm/" in line}
-    except (OSError, IndexError):
-        return
-    for path in paths:
-        if os.path.basename(path).startswith(SEGMENT_PREFIXES) and os.path.dirname(path) == "/dev/shm":
-            try:
-                os.unlink(path)
-            except OSError:                  # already gone (another rank of the node), or not ours to remove
-                pass
 
 
 class MpiTransport:
@@ -132,6 +87,10 @@ class MpiTransport:
     def duplicate(self, mpi):
         return MpiTransport(mpi)
 
+    def split(self, sub):
+        """This transport for `sub`, a Communicator on some of this one's ranks."""
+        return MpiTransport(sub.mpi)
+
     def describe(self):
         return "MPI on host memory"
 
@@ -145,18 +104,37 @@ class ReductionStaging:
         self.full = self.shard = None
 
 
+class Unguarded:
+    """The guards of a communicator built without them: nothing around any collective (the
+    checks and the watchdog, zerompi/observe/guards.py, are a layer built on the same calls)."""
+
+    check = None
+
+    def begin(self, kind, purpose, buffer):
+        pass
+
+    def end(self):
+        pass
+
+    def duplicate(self, mpi):
+        return self
+
+    def split(self, mpi):
+        return self
+
+
 class Communicator(ControlMessages):
-    def __init__(self, mpi_comm=None, device=None, mpi_reads_device_memory=None, collective_timeout=0.0):
-        """device: where the training buffers live (zerompi/devices/device.py; the CPU by default).
-        mpi_reads_device_memory: whether MPI is CUDA-aware; None asks the library (zerompi/devices/mpi_cuda.py).
-        collective_timeout: the watchdog's limit from the first collective on, this one's node map
-        (0: off until `guard`)."""
+    def __init__(self, mpi_comm=None, device=None, guards=None):
+        """mpi_comm: the mpi4py communicator (MPI_COMM_WORLD by default); device: where the
+        training buffers live (zerompi/device.py; the CPU by default); guards: what runs around
+        each collective, from the first one on (zerompi/observe/guards.py; none by default).
+        Collectives reach MPI through an MpiTransport; for device memory zerompi/devices/ puts a
+        DeviceTransport in its place (`devices.communicator_on`)."""
         init_mpi()
         self.mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
-        self.guards = Guards(self.mpi, self.rank, self.size, abort=abort_job)   # see guard
-        self.guards.turn_on(collective_timeout=collective_timeout)
+        self.guards = guards if guards is not None else Unguarded()
         self.guards.begin("split_type", CONTROL, None)
         self.node_of_rank = node_of_rank(self.mpi)       # collective: the node of each rank
         self.guards.end()
@@ -165,12 +143,6 @@ class Communicator(ControlMessages):
         self.device = device if device is not None else CPU()
         self.staging = ReductionStaging()                 # see reserve_staging
         self.transport = MpiTransport(self.mpi)
-        self.cuda_aware = False
-        if self.device.is_gpu:
-            self.cuda_aware, how = (cuda_aware(MPI, os.environ) if mpi_reads_device_memory is None
-                                    else (mpi_reads_device_memory, "set by the caller"))
-            self.transport = DeviceTransport(self.transport, self.device, self.rank, self.size,
-                                             self.cuda_aware, how, self.staging)
 
     # ---- the collectives of ZeRO, on flat buffers
     def allreduce_sum(self, buf, purpose):
@@ -244,10 +216,6 @@ class Communicator(ControlMessages):
         work memory."""
         self.transport.reserve_host_staging(memory, max_bytes)
 
-    def guard(self, check_collectives=False, collective_timeout=0.0):
-        """Turn on --check-collectives, and set the --collective-timeout watchdog's limit (0: off)."""
-        self.guards.turn_on(check_collectives, collective_timeout)
-
     @property
     def check(self):
         """--check-collectives' CollectiveCheck, or None (zerompi/overlap/thread.py hands it call sites)."""
@@ -277,10 +245,12 @@ class Communicator(ControlMessages):
         groups of zerompi/hierarchy/. color_of is a function of the rank, so that a plan
         (zerompi/plan/) can tell every rank's group without MPI. Collective."""
         self.guards.begin("split", CONTROL, None)         # the split, and the new one's node map
-        sub = Communicator(self.mpi.Split(color_of(self.rank), self.rank), self.device, self.cuda_aware)
+        split = self.mpi.Split(color_of(self.rank), self.rank)
+        sub = Communicator(split, self.device)
         self.guards.end()
         sub.ledger = self.ledger
-        sub.guards = self.guards.split(sub.mpi)
+        sub.guards = self.guards.split(split)
+        sub.transport = self.transport.split(sub)
         return sub
 
     @staticmethod

@@ -20,8 +20,8 @@ import sys
 
 import numpy as np
 
-from .exit_codes import ExitCode
-from .inputs import printable
+from .util.exit_codes import ExitCode
+from .util.inputs import printable
 from .ledger import BOOKKEEPING, CONTROL
 from .mpi import MPI
 
@@ -56,7 +56,7 @@ class ControlMessages:
 
     def print0(self, text, file=None):
         """Print a line (or lines) on rank 0 only (the one print helper), what a user's path may hold
-        that would redraw the terminal escaped (zerompi/inputs.py's printable)."""
+        that would redraw the terminal escaped (zerompi/util/inputs.py's printable)."""
         if self.rank == 0:
             print(printable(str(text), lines=True), file=file if file is not None else sys.stdout, flush=True)
 

@@ -4,14 +4,18 @@
     memory      = MemoryLedger(comm.device)        every buffer below is allocated through it, on
                                                    the communicator's device (NumPy or CuPy)
     staging     = the communicator's work buffers  sized for the largest reduction (below)
-    collectives = start_collectives(comm, overlap) at once, or on a communication thread
+    collectives = start_collectives(comm)          Collectives(comm): each call runs at once
     stage       = STAGES[k](layout, collectives, ...)  parameters, gradients, Adam state
-
-With --shard-group or --hpz (zerompi/hierarchy/, a layer the mainline can skip) the stage comes
-from the hierarchy instead, and the layout is over the ranks that share the shards.
     mlp         = MLP(layout, batch_rows, ...)     activation buffers for this rank's rows
 
-Staging: the communicator reduces through float32 work buffers when it cannot reduce a buffer in
+Two layers a first reading can skip are handed in, never imported: `start_collectives` may run the
+calls on a communication thread instead (zerompi/overlap/: `OverlapConfig.start`), and with
+--shard-group or --hpz a `hierarchy` (zerompi/hierarchy/: `hierarchy_for`, which splits the
+communicator first) builds the stage over the ranks that share the shards.
+
+What differs between stages here each stage class declares (zerompi/stages/base.py): whether it
+takes gradient buckets, the largest reduction it makes, whether a reduce-scatter adds into its
+gradient shard. Staging: the communicator reduces through float32 work buffers when it cannot reduce a buffer in
 place: 16-bit gradients (MPI has no bfloat16, zerompi/precision.py), a reduce-scatter that adds a
 micro-batch into the gradient shard (stages 2-3), and device memory (zerompi/comm.py). They hold
 the largest buffer reduced in one call: a gradient bucket in stage 0 (one all-reduce per bucket),
@@ -22,15 +26,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint.params import set_layer_params
+from .collectives import Collectives
 from .comm import Communicator
-from .layout import Layout, bucket_numel
-from .hierarchy import FLAT, Grouping, hierarchy_for
+from .layout import Layout
 from .ledger import MemoryLedger
 from .model import MLP, init_layer_chunks
-from .overlap import OverlapConfig, start_collectives
 from .stages import STAGES
 from .stages.base import ZeroStage
+from .stages.params import set_layer_params
+
+BUCKET_MB = 4.0        # stages 0-1 hand gradients to communication in buckets of at least this
 
 
 @dataclass
@@ -41,7 +46,6 @@ class Engine:
     stage: ZeroStage        # a Stage0 .. Stage3
     mlp: MLP
     step_sums: object       # (layers + 2,) float64: each layer's gradient sum of squares, loss, correct
-    grouping: Grouping = FLAT   # flat ZeRO, or hybrid sharding / hpZ (zerompi/hierarchy/)
 
     def init_params(self, seed):
         """Every rank draws the same initial values, a chunk of a layer at a time, and keeps what
@@ -52,26 +56,25 @@ class Engine:
 
 
 def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=None, micro_batches=1,
-                 overlap=OverlapConfig(), grouping=FLAT):
+                 bucket_mb=BUCKET_MB, start_collectives=Collectives, hierarchy=None):
     comm = comm if comm is not None else Communicator()
-    hierarchy = hierarchy_for(comm, grouping)             # None: flat ZeRO over all N ranks
     shard_comm = hierarchy.shard_comm if hierarchy else comm   # the ranks each layer is sharded over
+    stage_class = hierarchy.stage_class(stage_number) if hierarchy else STAGES[stage_number]
     layout = Layout(sizes, shard_comm.size)
     memory = MemoryLedger(comm.device)
-    buckets = layout.gradient_buckets(np.dtype(precision.storage).itemsize, overlap.bucket_mb)
-    largest = (max(bucket_numel(bucket) for bucket in buckets) if stage_number == 0
-               else layout.max_layer_padded)                    # elements reduced in one call
-    if precision.mixed or (micro_batches > 1 and stage_number >= 2) or comm.device.is_gpu:
+    buckets = layout.gradient_buckets(np.dtype(precision.storage).itemsize, bucket_mb)
+    largest = stage_class.largest_reduction(layout, buckets)   # elements reduced in one call
+    if precision.mixed or (micro_batches > 1 and stage_class.reduce_scatter_adds) or comm.device.is_gpu:
         shard_comm.reserve_staging(memory, largest, precision.compute)
     step_sums = memory.alloc("work", "step_sums", (len(layout.layers) + 2,), np.float64)
     comm.reserve_host_staging(memory, max(largest * precision.compute.itemsize, step_sums.nbytes))
-    options = {"buckets": buckets} if stage_number <= 1 else {}   # stages 2-3 reduce layer by layer
+    options = {"buckets": buckets} if stage_class.takes_buckets else {}
     if hierarchy is None:
-        collectives = start_collectives(comm, overlap)   # after the staging: its thread shares it
-        stage = STAGES[stage_number](layout, collectives, memory, precision, adam_config, **options)
-    else:                                                # zerompi/hierarchy/
+        collectives = start_collectives(comm)      # after the staging: a communication thread shares it
+        stage = stage_class(layout, collectives, memory, precision, adam_config, **options)
+    else:                                           # zerompi/hierarchy/
         for sub in hierarchy.communicators:
             sub.reserve_host_staging(memory, largest * precision.compute.itemsize)
         stage = hierarchy.build_stage(stage_number, layout, memory, precision, adam_config, **options)
     mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
-    return Engine(layout, comm, memory, stage, mlp, step_sums, grouping)
+    return Engine(layout, comm, memory, stage, mlp, step_sums)

@@ -26,7 +26,7 @@ mean loss: no separate averaging pass is needed.
 
 All functions are checked against finite differences in float64 (tests/test_layers_match_finite_differences.py).
 
-These are NumPy functions: the CPU device (zerompi/devices/cpu.py) calls them as they are. A GPU
+These are NumPy functions: the CPU device (zerompi/cpu.py) calls them as they are. A GPU
 (zerompi/devices/gpu.py) computes the same math its own way: the linear layer's products as cuBLAS
 GEMMs that read 16-bit operands and can add into their output (zerompi/devices/gemm.py), the bias
 add and each GELU as one fused kernel (zerompi/devices/kernels.py) instead of the chain of in-place

@@ -45,7 +45,7 @@ import resource
 import threading
 from collections import defaultdict
 
-from .devices.cpu import CPU
+from .cpu import CPU
 
 MEMORY_KINDS = ("params", "grads", "optimizer", "work", "activations")
 

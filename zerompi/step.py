@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .devices.device import to_numpy
+from .device import to_numpy
 from .ledger import METRICS
 
 

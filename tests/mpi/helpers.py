@@ -3,9 +3,9 @@ import numpy as np
 
 from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
-from zerompi.checkpoint.params import full_layer_params
+from zerompi.stages.params import full_layer_params
 from zerompi.engine import build_engine
-from zerompi.hierarchy import FLAT
+from zerompi.hierarchy import FLAT, hierarchy_for
 from zerompi.overlap import OverlapConfig
 from zerompi.precision import precision_for
 from zerompi.step import train_step
@@ -28,7 +28,7 @@ def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro
     comm = comm if comm is not None else Communicator()
     rows = global_batch // (comm.size * micro_batches)
     return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), AdamConfig(weight_decay=WEIGHT_DECAY),
-                        rows, comm, micro_batches, overlap, grouping)
+                        rows, comm, micro_batches, overlap.bucket_mb, overlap.start, hierarchy_for(comm, grouping))
 
 
 def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.0):

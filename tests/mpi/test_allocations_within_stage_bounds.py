@@ -32,6 +32,7 @@ from device_stand_in import StandInGPU
 from helpers import make_batches, make_engine, run_steps
 from zerompi.adam import CHUNK
 from zerompi.comm import Communicator
+from zerompi.devices import communicator_on
 from zerompi.layout import bucket_numel
 from zerompi.memory import BytesPerParam, model_state_bytes
 from zerompi.overlap import OverlapConfig
@@ -57,7 +58,7 @@ def measure(stage, device, dtype, micro_batches=1):
     measured step allocated and freed)."""
     precision = precision_for(dtype)
     comm = (Communicator() if device == "cpu"
-            else Communicator(device=StandInGPU(), mpi_reads_device_memory=False))
+            else communicator_on(StandInGPU(), mpi_reads_device_memory=False))
     rows = ROWS * comm.size * micro_batches
     batches = make_batches(SIZES, WARMUP + MEASURED, rows=rows)
     alive, transient = [0] * MEASURED, [0] * MEASURED

@@ -14,7 +14,7 @@ import pytest
 
 from device_stand_in import StandInGPU
 from helpers import consolidated, make_batches, train_zero
-from zerompi.comm import Communicator
+from zerompi.devices import communicator_on
 from zerompi.layout import bucket_numel
 from zerompi.overlap import OverlapConfig
 
@@ -24,7 +24,7 @@ CASES = [(stage, dtype, k) for stage in (0, 1, 2, 3) for dtype, k in (("float32"
 
 def train(stage, dtype, k, device=None, cuda_aware=None, overlap=OverlapConfig()):
     batches = make_batches(SIZES, 2, rows=48)          # 48 rows: M = 2 micro-batches on N = 1, 2, 3, 4, 8
-    comm = Communicator(device=device, mpi_reads_device_memory=cuda_aware)
+    comm = communicator_on(device, mpi_reads_device_memory=cuda_aware)
     engine, results = train_zero(stage, SIZES, np.dtype(dtype) if dtype != "bfloat16" else _bf16(), batches,
                                  comm=comm, micro_batches=k, overlap=overlap)
     return engine, results, consolidated(engine)

@@ -87,10 +87,10 @@ def test_the_gpu_path_within_mixed_tolerance(stage, grouping):
     cuBLAS runs them, the fused AdamW, every collective staged through pinned host memory), with
     gradient accumulation: bf16 within the mixed tolerance of single-process AdamW."""
     from device_stand_in import StandInTensorCores
-    from zerompi.comm import Communicator
+    from zerompi.devices import communicator_on
     sizes = SIZES[0]
     batches = make_batches(sizes, STEPS)
-    comm = Communicator(device=StandInTensorCores(), mpi_reads_device_memory=False)
+    comm = communicator_on(StandInTensorCores(), mpi_reads_device_memory=False)
     engine, results = train_zero(stage, sizes, BF16, batches, comm, micro_batches=micro_batches_for(N),
                                  grouping=grouping)
     assert all(r.applied for r in results)

@@ -23,14 +23,14 @@ import pytest
 from device_stand_in import StandInTensorCores
 from helpers import consolidated, make_batches, train_zero
 from helpers import assert_mixed_run_matches_reference, micro_batches_for
-from zerompi.comm import Communicator
+from zerompi.devices import communicator_on
 
 SIZES = [12, 37, 53, 7]   # a layer of 481 elements: a padded shard at every N > 1
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def gemm_comm():
-    return Communicator(device=StandInTensorCores(), mpi_reads_device_memory=False)
+    return communicator_on(StandInTensorCores(), mpi_reads_device_memory=False)
 
 
 @pytest.mark.mpi(min_size=1)

@@ -7,7 +7,7 @@ so the GEMMs' results must agree bitwise whatever their summation order.
 """
 import numpy as np
 
-from zerompi.devices.device import to_numpy
+from zerompi.device import to_numpy
 
 B, I, O = 6, 5, 4          # rows, input width, output width
 

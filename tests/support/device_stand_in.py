@@ -21,7 +21,7 @@ outputs, gradients added inside the GEMM, the fused AdamW):
 import numpy as np
 
 from zerompi import layers
-from zerompi.devices.cpu import CPU
+from zerompi.cpu import CPU
 from zerompi.devices.gemm import ACCUMULATE, CUBLAS_COMPUTE_32F, CUBLAS_OP_N, cublas_arguments
 from zerompi.devices.gpu import GPU
 

@@ -11,12 +11,12 @@ one line per rank, in rank order:
 """
 import os
 
-from zerompi.comm import Communicator
+from zerompi.devices import communicator_on
 from zerompi.devices.choice import local_rank, select_device
-from zerompi.devices.cpu import blas_threads
+from zerompi.cpu import blas_threads
 
 device, _ = select_device("cpu", os.environ)
-comm = Communicator(device=device)
+comm = communicator_on(device)
 from mpi4py import MPI  # noqa: E402  (after the Communicator started MPI)
 
 ranks_on_node = comm.ranks_on_this_node()

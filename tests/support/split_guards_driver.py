@@ -11,11 +11,12 @@ import time
 import numpy as np
 
 from zerompi.comm import Communicator
+from zerompi.observe import guards_for
 from zerompi.ledger import GRADS
 
 kind = sys.argv[1]
-world = Communicator()
-world.guard(check_collectives=kind == "mismatch", collective_timeout=1.0 if kind == "stop" else 0.0)
+world = Communicator(guards=guards_for(check_collectives=kind == "mismatch",
+                                       collective_timeout=1.0 if kind == "stop" else 0.0))
 group = world.split(lambda rank: rank // 2)     # ranks {0, 1} and {2, 3}
 if kind == "mismatch" and world.rank >= 2:
     group.allreduce_sum(np.zeros(10 if world.rank == 2 else 12), GRADS)

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import NamedTuple
 
-from ..inputs import printable
+from ..util.inputs import printable
 from .export import consolidate, export_safetensors, verify_all
 from .files import MANIFEST, CheckpointError, replaces_checkpoint_file
 from .manifest import read_manifest, unverified_note

@@ -26,7 +26,7 @@ import re
 
 import numpy as np
 
-from .atomic import atomic_file
+from ..util.atomic import atomic_file
 from ..precision import BF16
 
 MANIFEST = "manifest.json"

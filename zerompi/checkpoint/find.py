@@ -14,7 +14,7 @@ the run with one line instead: nothing is skipped silently.
 """
 import os
 
-from ..inputs import open_regular
+from ..util.inputs import open_regular
 from .files import LATEST, CheckpointError, step_folder_problem, step_of
 from .manifest import read_manifest
 

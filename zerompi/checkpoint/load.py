@@ -1,7 +1,7 @@
 """Loading a checkpoint into any N and any stage: each rank reads only the ranges it will hold.
 
 For each layer, a rank holds some range of the parameters and some range of the optimizer state
-(`held_params` and `owned`, zerompi/checkpoint/params.py): stage 0 everything, stages 1-2 all parameters but
+(`held_params` and `owned`, zerompi/stages/params.py): stage 0 everything, stages 1-2 all parameters but
 only the owned range of the state, stage 3 only the owned range of both. CheckpointReader fetches
 exactly those elements from the files of the writer ranks that owned them (checking the CRC of
 every block it touches), so resharding needs no offline step and no rank ever holds more than
@@ -15,7 +15,7 @@ saved and converted to this run's state dtype. Adam's step count and the trainin
 from the manifest.
 """
 
-from .params import held_params
+from ..stages.params import held_params
 from .files import CheckpointError
 from .reader import CheckpointReader
 

@@ -44,8 +44,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from ..inputs import open_regular
-from .atomic import process_running
+from ..util.inputs import open_regular
+from ..util.atomic import process_running
 from .files import LOCK, PARTIAL, CheckpointError, remove_partial, step_of
 
 

@@ -20,7 +20,7 @@ serialized canonically (json.dumps(fields, sort_keys=True, separators=(",", ":")
 ensure_ascii=True), ASCII bytes). A version-2 manifest whose checksum is missing or does not match
 is refused; a version-1 manifest (which had none) is read, with a note that its content is not
 verified. Sizes the manifest declares are checked against its own lists and, before anything is
-allocated, against the files on disk and the memory available (zerompi/inputs.py); every path it
+allocated, against the files on disk and the memory available (zerompi/util/inputs.py); every path it
 names stays inside the checkpoint folder (zerompi/checkpoint/files.py).
 """
 import hashlib
@@ -29,7 +29,7 @@ import math
 import os
 
 from .files import MANIFEST, CheckpointError, dtype_named, shard_file_name, step_of
-from ..inputs import FILE_KINDS, check_fits, open_regular
+from ..util.inputs import FILE_KINDS, check_fits, open_regular
 
 FORMAT, VERSION = "zerompi-checkpoint", 2
 READABLE_VERSIONS = (1, 2)               # 1: no manifest checksum (read, with a note)

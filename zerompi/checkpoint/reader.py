@@ -18,7 +18,7 @@ import numpy as np
 
 from .files import CheckpointError, dtype_named, on_disk
 from .manifest import read_manifest, unverified_note
-from ..inputs import check_fits, open_regular
+from ..util.inputs import check_fits, open_regular
 from ..precision import BF16
 
 

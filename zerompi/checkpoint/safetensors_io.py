@@ -12,11 +12,11 @@ length beyond the file or beyond 100 MB (the reference implementation's limit), 
 not a JSON object (or nested too deep to parse), a tensor whose byte count does not fit its
 shape and dtype, and offsets that do not tile the data exactly: sorted by begin, the first
 begins at 0, each begins where the previous ends (no overlap, no gap), and the last ends at the
-end of the file. The file is opened only if it is a regular file (zerompi/inputs.py).
+end of the file. The file is opened only if it is a regular file (zerompi/util/inputs.py).
 
 The header is computed first from the names, shapes and dtypes, so the data can then be streamed:
 no more than one tensor is ever in memory. The file is written atomically
-(zerompi/checkpoint/atomic.py). bfloat16 is stored as "BF16" (its raw 16-bit words), which PyTorch
+(zerompi/util/atomic.py). bfloat16 is stored as "BF16" (its raw 16-bit words), which PyTorch
 and JAX read natively; this reader returns it as ml_dtypes.bfloat16, and safetensors.numpy reads it
 only once ml_dtypes is imported (it registers bfloat16 with NumPy).
 """
@@ -28,8 +28,8 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from .atomic import atomic_file
-from ..inputs import check_fits, open_regular
+from ..util.atomic import atomic_file
+from ..util.inputs import check_fits, open_regular
 
 DTYPE_CODES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
                np.dtype(ml_dtypes.bfloat16): "BF16"}

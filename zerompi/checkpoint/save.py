@@ -34,9 +34,9 @@ import zlib
 
 import numpy as np
 
-from .atomic import fsync_folder
-from ..devices.device import to_numpy
-from .params import held_params
+from ..util.atomic import fsync_folder
+from ..device import to_numpy
+from ..stages.params import held_params
 from .files import (BLOCK_BYTES, LATEST, MANIFEST, PARTIAL, CheckpointError, on_disk, remove_partial, shard_file_name,
                     step_folder_name, step_folder_problem, write_text_atomically)
 from .manifest import FORMAT, VERSION, manifest_text, read_manifest

@@ -19,13 +19,13 @@ import os
 import ml_dtypes
 import numpy as np
 
-from ..devices.device import to_numpy
+from ..device import to_numpy
 from .weights import WeightsError, read_weights
 from .files import LATEST, CheckpointError
 from .find import find_checkpoint
 from .load import load_checkpoint
 from .lock import remove_stale_partials, take_lock
-from .params import held_params, set_layer_params
+from ..stages.params import held_params, set_layer_params
 from .save import save_checkpoint
 
 

@@ -11,7 +11,7 @@ one per tensor, with no pickled objects (always read with allow_pickle=False):
 Saving streams one layer at a time: every rank takes part in `full_layer_params` (a collective
 all-gather in stage 3), and rank 0 writes that layer's two arrays into the archive before the next
 layer is gathered, so no rank ever holds more than one layer's gathered parameters. The archive is
-written atomically (zerompi/checkpoint/atomic.py): a reader sees the old file or the complete new one.
+written atomically (zerompi/util/atomic.py): a reader sees the old file or the complete new one.
 
 Loading reads one layer at a time on every rank (np.load of an .npz is lazy per array) and hands
 the values to the stage, which keeps what it owns. A .safetensors file with the same tensor names
@@ -22,13 +22,13 @@ import zipfile
 
 import numpy as np
 
-from .atomic import atomic_file
-from ..devices.device import to_numpy
-from ..inputs import open_regular
-from ..npz_members import declared, open_npz, read
+from ..util.atomic import atomic_file
+from ..device import to_numpy
+from ..util.inputs import open_regular
+from ..util.npz_members import declared, open_npz, read
 from ..precision import BF16
 
-from .params import full_layer_params
+from ..stages.params import full_layer_params
 from .safetensors_io import SafetensorsError, read_header, read_tensor
 
 
@@ -51,7 +51,7 @@ def check_writable(path, what="weights"):
 
 
 def write_npz(path, named_tensors):
-    """Stream (name, tensor) pairs into a consolidated .npz, atomically (zerompi/checkpoint/atomic.py)."""
+    """Stream (name, tensor) pairs into a consolidated .npz, atomically (zerompi/util/atomic.py)."""
     with atomic_file(path) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, tensor in named_tensors:
             with archive.open(name + ".npy", "w", force_zip64=True) as member:
@@ -92,7 +92,7 @@ def portable(tensor):
 def read_weights(path, layout):
     """Yield (layer, values (numel,) float64) for each layer, after checking names, shapes and values,
     from a consolidated .npz or a .safetensors file. Only a regular file is read; an .npz member's
-    shape is checked (against the file and the model, zerompi/npz_members.py) before it is read.
+    shape is checked (against the file and the model, zerompi/util/npz_members.py) before it is read.
     Raises WeightsError naming the file and the problem."""
     if path.endswith(".safetensors"):
         open_regular(path, _weights_error).close()           # a FIFO or a device: refused, not opened

@@ -1,6 +1,6 @@
 """Which device a rank computes on, chosen once at start, before MPI initializes.
 
-    --device cpu    NumPy (zerompi/devices/cpu.py)
+    --device cpu    NumPy (zerompi/cpu.py)
     --device gpu    CuPy, one GPU per rank (zerompi/devices/gpu.py); an error when CuPy is missing
                     or sees no GPU
     --device auto   the GPU when CuPy imports and sees one, else the CPU (the default)
@@ -27,7 +27,7 @@ let the local rank choose (the scripts in slurm/ do).
 import numpy as np
 
 from ..mpi import first_number
-from .cpu import CPU
+from ..cpu import CPU
 from .gpu import GPU
 
 DEVICE_CHOICES = ("auto", "cpu", "gpu")

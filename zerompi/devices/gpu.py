@@ -1,6 +1,6 @@
 """The GPU device: CuPy arrays on one CUDA device, the same math as the CPU's in fewer passes.
 
-The operations of zerompi/devices/cpu.py (listed in zerompi/devices/device.py), each with the same
+The operations of zerompi/cpu.py (listed in zerompi/device.py), each with the same
 math as the NumPy reference it replaces (zerompi/layers.py, zerompi/adam.py), built from two things
 (shapes as in zerompi/model.py):
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels as fused_kernels
-from .cpu import CPU
+from ..cpu import CPU
 from .gemm import gemm as cublas_gemm
 
 

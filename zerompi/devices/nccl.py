@@ -31,11 +31,10 @@ from .staging import DeviceTransport
 
 
 class NcclCommunicator(Communicator):
-    def __init__(self, mpi_comm=None, device=None, collective_timeout=0.0):
-        super().__init__(mpi_comm, device, True, collective_timeout)     # NCCL: never staged
+    def __init__(self, mpi_comm=None, device=None, guards=None):
+        super().__init__(mpi_comm, device, guards)
         self.guards.begin("bcast", CONTROL, None)          # the bootstrap: rank 0's unique id
-        self.transport = NcclTransport(self.transport.mpi_transport, self.device, self.rank, self.size,
-                                       self.staging)
+        self.transport = NcclTransport(self.transport, self.device, self.rank, self.size, self.staging)
         self.guards.end()
 
 

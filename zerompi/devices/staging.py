@@ -3,8 +3,8 @@
 The Communicator (zerompi/comm.py) hands every collective to a transport's three methods,
 sum_all, sum_scatter and gather_all. On the CPU that is comm.py's MpiTransport, one mpi4py call
 each. On a GPU it is a DeviceTransport, which wraps that same MpiTransport (it adds steps around
-the very same MPI calls; wrapping rather than subclassing keeps this file free of an import of
-comm.py, which builds it). Buffers in host memory pass straight through; for device memory:
+the very same MPI calls), put in its place by `communicator_on` (zerompi/devices/__init__.py).
+Buffers in host memory pass straight through; for device memory:
 
 Before any MPI call on device memory the CUDA stream that produced it is synchronized (mpi4py
 hands MPI the raw pointer and does not wait). A CUDA-aware MPI (zerompi/devices/mpi_cuda.py)
@@ -60,6 +60,11 @@ class DeviceTransport:
             twin.host_staging = self.device.pinned_bytes(self.host_staging.nbytes)
             self.memory.record("work", "comm.host_staging (pinned host, thread)", twin.host_staging)
         return twin
+
+    def split(self, sub):
+        """This transport for `sub`, a Communicator on some of this one's ranks (its own staging)."""
+        return DeviceTransport(self.mpi_transport.split(sub), self.device, sub.rank, sub.size,
+                               self.cuda_aware, self.cuda_aware_how, sub.staging)
 
     def describe(self):
         how = "device buffers straight to MPI" if self.cuda_aware else "staged through pinned host memory"

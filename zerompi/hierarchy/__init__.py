@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..memory import (flat_collectives, hpz_collectives, hpz_model_state_bytes, hybrid_collectives,
                       hybrid_model_state_bytes, model_state_bytes)
 from .groups import HybridSharding, Hpz
-from ..words import counted
+from ..util.words import counted
 
 
 @dataclass(frozen=True)

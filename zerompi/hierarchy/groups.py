@@ -58,6 +58,10 @@ class HybridSharding:
         self.replica_comm = comm.split(lambda rank: rank % group_size)     # R ranks: one of each group
         self.communicators = (self.shard_comm, self.replica_comm)
 
+    @staticmethod
+    def stage_class(stage_number):
+        return HYBRID_STAGES[stage_number]
+
     def build_stage(self, stage_number, layout, memory, precision, adam_config, **options):
         if precision.mixed:               # 16-bit all-reduces across replicas are summed in float32
             self.replica_comm.reserve_staging(memory, layout.max_layer_padded // layout.num_ranks,
@@ -74,6 +78,10 @@ class Hpz:
         self.shard_comm = comm
         self.node_comm = comm.split(lambda rank: rank // ranks_per_node)
         self.communicators = (self.node_comm,)
+
+    @staticmethod
+    def stage_class(stage_number):
+        return HpzStage3
 
     def build_stage(self, stage_number, layout, memory, precision, adam_config, **options):
         return HpzStage3(layout, Collectives(self.shard_comm), memory, precision, adam_config,

@@ -20,8 +20,8 @@ from . import (FP32, MIXED_PRECISION, MOST_PARAMS, MOST_RANKS, STAGES, BytesPerP
                flat_collectives,
                hpz_collectives, hpz_model_state_bytes, hybrid_collectives, hybrid_model_state_bytes,
                inter_node_per_node, model_state_bytes, ring_traffic_per_rank, wire_bytes)
-from ..exit_codes import ExitCode
-from ..inputs import printable
+from ..util.exit_codes import ExitCode
+from ..util.inputs import printable
 
 STAGE_NAMES = ("Baseline", "Stage 1", "Stage 2", "Stage 3")
 DEFAULT_RANKS = (1, 4, 8, 16, 32, 64, 128)

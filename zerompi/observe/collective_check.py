@@ -11,7 +11,7 @@ small all-gather:
 On the first disagreement every rank holds the same table, so all of them take the same second
 step: an all-gather of each rank's description, `allreduce of 1,234 float32 (grads) at
 zerompi/stages/stage0.py:40`, as fixed-width text; the lowest rank prints one line naming each
-side, and every rank exits with status ExitCode.COLLECTIVE_MISMATCH (zerompi/exit_codes.py). The
+side, and every rank exits with status ExitCode.COLLECTIVE_MISMATCH (zerompi/util/exit_codes.py). The
 call site is the first frame outside the communicator, its control messages, the guards and the
 collectives (sys._getframe, only while the check is on).
 Cost: one latency-bound all-gather of 32 N bytes per collective, and a stack walk.

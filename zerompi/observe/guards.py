@@ -15,10 +15,21 @@ zerompi/observe/collective_check.py and zerompi/observe/watchdog.py.
 import sys
 import time
 
-from ..exit_codes import ExitCode
-from ..mpi import MPI
+from ..util.exit_codes import ExitCode
+from ..mpi import MPI, abort_job, init_mpi
 from .collective_check import CollectiveCheck
 from .watchdog import MAX_STAGGER_SECONDS, CollectiveWatchdog, report_then_abort, stagger
+
+
+def guards_for(mpi_comm=None, check_collectives=False, collective_timeout=0.0):
+    """Guards for a job's communicator (MPI_COMM_WORLD by default), turned on as asked, to hand to
+    a Communicator (zerompi/comm.py) so that they guard its first collective: a failure ends
+    the whole job (zerompi/mpi.py's abort_job)."""
+    init_mpi()
+    mpi = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+    guards = Guards(mpi, mpi.Get_rank(), mpi.Get_size(), abort=abort_job)
+    guards.turn_on(check_collectives, collective_timeout)
+    return guards
 
 
 class Guards:

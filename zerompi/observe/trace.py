@@ -29,7 +29,7 @@ events every rank recorded since the last flush (one Gatherv of their JSON text,
 Communicator.gather_bytes_to_root) and appends them to the trace file, so a rank holds at most
 those steps' events, and rank 0 one such chunk per rank, whatever the number of steps. The file
 is written under a temporary name in the trace's folder (`.t.json.tmp-<host>-<pid>-XXXXXXXX`,
-zerompi/checkpoint/atomic.py) and renamed onto --trace at the end: a reader sees one complete
+zerompi/util/atomic.py) and renamed onto --trace at the end: a reader sees one complete
 Chrome trace or none. A run that stops early (diverged, preempted, interrupted) removes the
 temporary file and writes no trace; a killed one leaves it, and the next run writing that trace
 removes it.
@@ -44,8 +44,8 @@ import sys
 import threading
 import time
 
-from ..checkpoint.atomic import create_temporary, fsync_folder, written_through
-from ..inputs import printable
+from ..util.atomic import create_temporary, fsync_folder, written_through
+from ..util.inputs import printable
 
 FLUSH_EVERY_STEPS = 32           # steps between two gathers of the events to rank 0's file
 

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 
-from ..exit_codes import ExitCode
+from ..util.exit_codes import ExitCode
 
 STAGGER_SECONDS = 1.0            # per rank; see the docstring
 REPORT_PAUSE_SECONDS = 0.5

@@ -1,7 +1,7 @@
 """Overlap: collectives that run while the next layer computes. A layer a reader of ZeRO can skip.
 
 The stages call typed collectives that return requests (zerompi/collectives.py). With overlap
-off those run at once. With overlap on (--overlap) `start_collectives` returns a
+off those run at once. With overlap on (--overlap) `OverlapConfig.start` returns a
 `ThreadedCollectives` (thread.py): the same calls, run in order by one communication thread,
 and each request completes when the thread has run its call. Stage 3 also gets a
 `PrefetchingGather` (prefetch.py) that starts the next layers' all-gathers early.
@@ -19,18 +19,19 @@ and polling then run on the cores the compute needs; hence off by default.
 from dataclasses import dataclass
 
 from ..collectives import Collectives
+from ..engine import BUCKET_MB
 from .thread import ThreadedCollectives
 
 
 @dataclass(frozen=True)
 class OverlapConfig:
     enabled: bool = False      # run the step's collectives on a communication thread
-    bucket_mb: float = 4.0     # stages 0-1: hand gradients to communication in buckets of >= this
+    bucket_mb: float = BUCKET_MB   # stages 0-1: hand gradients to communication in buckets of >= this
     prefetch: int = 1          # stage 3: all-gathers started this many layers ahead of their use
 
-
-def start_collectives(comm, overlap):
-    """The collectives the stages call: at once (overlap off) or on a communication thread."""
-    if overlap.enabled:
-        return ThreadedCollectives(comm, overlap.prefetch)
-    return Collectives(comm)
+    def start(self, comm):
+        """The collectives the stages call: at once (overlap off) or on a communication thread
+        (zerompi/engine.py's start_collectives)."""
+        if self.enabled:
+            return ThreadedCollectives(comm, self.prefetch)
+        return Collectives(comm)

@@ -25,7 +25,7 @@ import time
 from collections import deque
 
 from ..collectives import Collectives
-from ..observe.collective_check import call_site
+from ..observe import call_site
 from .prefetch import PrefetchingGather
 
 

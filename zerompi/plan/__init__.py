@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ..adam import AdamConfig
 from ..engine import build_engine
-from ..hierarchy import FLAT
+from ..hierarchy import FLAT, hierarchy_for
 from ..ledger import METRICS
 from ..overlap import OverlapConfig
 from .virtual import PlannedCommunicator, VirtualDevice
@@ -70,7 +70,8 @@ def build_planned_engine(shape, rank=0, device=None):
     """The engine rank `rank` of the run would build, on buffers that take no memory."""
     comm = PlannedCommunicator(shape.num_ranks, rank, shape.node_of_rank, VirtualDevice(device) if device else None)
     return build_engine(list(shape.sizes), shape.stage, shape.precision, AdamConfig(), shape.rows, comm,
-                        shape.micro_batches, shape.overlap, shape.grouping)
+                        shape.micro_batches, shape.overlap.bucket_mb, shape.overlap.start,
+                        hierarchy_for(comm, shape.grouping))
 
 
 def plan_memory(shape, rank=0, device=None):

@@ -19,15 +19,15 @@ import math
 import os
 import sys
 
-from ..exit_codes import ExitCode
+from ..util.exit_codes import ExitCode
 from ..hierarchy import FLAT, Grouping
-from ..inputs import available_bytes, format_bytes, printable
+from ..util.inputs import available_bytes, format_bytes, printable
 from ..memory import model_size_error
 from ..memory.table import OneLineParser, non_negative_float, parameter_count, positive_float, rank_count
 from ..overlap import OverlapConfig
-from ..pipes import until_reader_leaves
+from ..util.pipes import until_reader_leaves
 from ..precision import DTYPE_NAMES, precision_for
-from ..words import counted
+from ..util.words import counted
 from . import RunShape, plan_run
 from .calibrate import CalibrationError, read_calibration
 from .cost import CostError, cluster_machine, step_cost
@@ -205,7 +205,7 @@ def predict(args, parser):
 def calibrate_main(argv):
     args = calibrate_parser().parse_args(argv)
     from ..checkpoint.weights import check_writable
-    from ..comm import init_mpi
+    from ..mpi import init_mpi
     from ..mpi import MPI, MpiUnavailable, launcher_rank
     from .calibrate import calibrate, write_calibration
     try:

@@ -3,7 +3,7 @@
     mpirun -n N python -m zerompi.plan calibrate --out machine.json
 
 Every rank measures at once, as in training (all cores busy), with the BLAS threads a run would
-use (zerompi/devices/cpu.py's blas_threads). Each quantity is timed SAMPLES times (a sample: a
+use (zerompi/cpu.py's blas_threads). Each quantity is timed SAMPLES times (a sample: a
 barrier, the work, the slowest rank's time) and the best sample is kept: on a shared machine a
 single sample can read half the true rate, and noise only ever adds time.
 
@@ -34,10 +34,10 @@ import numpy as np
 
 from .. import layers
 from ..adam import AdamConfig, AdamW
-from ..checkpoint.atomic import atomic_file
+from ..util.atomic import atomic_file
 from ..comm import Communicator
 from ..engine import build_engine
-from ..inputs import read_whole
+from ..util.inputs import read_whole
 from ..ledger import GRADS, MemoryLedger
 from ..mpi import MPI
 from ..precision import precision_for
@@ -171,7 +171,7 @@ def measure_collectives(comm, mpi):
 def calibrate():
     """Measure everything above on the ranks of MPI.COMM_WORLD; returns the calibration (a dict)."""
     from threadpoolctl import threadpool_limits
-    from ..devices.cpu import blas_threads
+    from ..cpu import blas_threads
     world = Communicator()
     mpi = world.mpi
     ranks_on_node = world.ranks_on_this_node()
@@ -196,7 +196,7 @@ def calibrate():
 
 
 def write_calibration(result, path):
-    """Atomically (zerompi/checkpoint/atomic.py: a temporary file beside `path`, then a rename)."""
+    """Atomically (zerompi/util/atomic.py: a temporary file beside `path`, then a rename)."""
     with atomic_file(path, "w") as f:
         json.dump(result, f, indent=1)
 

@@ -4,7 +4,7 @@
                count, buffer by buffer)
              + what the start of a run allocates beside them for a moment: initial values, a
                chunk of a layer at a time, drawn in float64 and converted to the compute dtype
-               (zerompi/model.py init_layer_chunks, zerompi/checkpoint/params.py set_layer_params):
+               (zerompi/model.py init_layer_chunks, zerompi/stages/params.py set_layer_params):
                min(largest layer, INIT_CHUNK) x (8 + compute bytes); a run that starts from
                --init-weights or a checkpoint reads a whole layer at a time instead
                (zerompi/checkpoint/weights.py): the largest layer x 17 bytes, its float64
@@ -24,7 +24,7 @@
                least of the address-space limit (ulimit -v) less what the process maps already,
                the memory cgroup's limit less its usage (v2 or v1, its own or an ancestor's) and
                the node's available memory, both shared by the ranks of the node
-               (zerompi/inputs.py); on a GPU its free memory, shared by the ranks that use it
+               (zerompi/util/inputs.py); on a GPU its free memory, shared by the ranks that use it
 
 If need > available, one line says so with both numbers and names what would fit: the other
 stages on these N ranks (and the same hierarchical variant at other stages), or else the fewest
@@ -42,10 +42,10 @@ import resource
 from dataclasses import replace
 
 from ..hierarchy import FLAT
-from ..inputs import format_bytes
+from ..util.inputs import format_bytes
 from ..memory import MOST_RANKS               # how far the search for the fewest ranks that fit goes
 from ..model import INIT_CHUNK
-from ..words import counted
+from ..util.words import counted
 from . import plan_run
 
 RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, beside MPI's scratch

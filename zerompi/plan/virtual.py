@@ -22,10 +22,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..comm import Communicator, ReductionStaging
+from ..comm import Communicator, ReductionStaging, Unguarded
+from ..cpu import CPU
 from ..ledger import ALLGATHER, ALLREDUCE, GRADS, REDUCE_SCATTER, CommLedger
 from ..nodes import number_nodes, sends_across_nodes
-from ..observe.guards import Guards
 
 
 class VirtualArray(np.ndarray):
@@ -105,7 +105,6 @@ class PlannedCommunicator(Communicator):
     def __init__(self, size, rank=0, node_of_rank=None, device=None, calls=None, made=None):
         """calls, made: the world's, shared by the communicators made from it (made: the
         communicators made so far, the world first)."""
-        from ..devices.cpu import CPU
         self.mpi = None
         self.rank, self.size = rank, size
         self.node_of_rank = tuple(node_of_rank) if node_of_rank is not None else (0,) * size
@@ -116,11 +115,10 @@ class PlannedCommunicator(Communicator):
         self.ledger = CommLedger()
         self.device = device if device is not None else VirtualDevice(CPU())
         self.staging = ReductionStaging()
-        self.guards = Guards(None, rank, size, abort=_never)   # never turned on
+        self.guards = Unguarded()
         self.calls = calls if calls is not None else []
         self.transport = PlannedTransport(self, self.calls)
         self.purpose = None                       # of the collective in progress (_begin)
-        self.cuda_aware = False
         self.made = made if made is not None else []
         self.number = len(self.made)              # 0: the world
         self.made.append(self)
@@ -153,6 +151,3 @@ class PlannedCommunicator(Communicator):
         """A plan's communication thread (--overlap) calls no MPI."""
         return None
 
-
-def _never(code):
-    raise AssertionError("a plan's guards are never turned on")

@@ -51,6 +51,14 @@ class Backward(NamedTuple):
 class ZeroStage:
     stage = None
     param_full = None    # stages 0-2: the full parameters (Psi_pad,); stage 3 holds only its shard
+    # what the engine (zerompi/engine.py) sizes for each stage, declared by the stage:
+    takes_buckets = False         # stages 0-1: `buckets` decide when backward's reductions start
+    reduce_scatter_adds = False   # stages 2-3: later micro-batches' reduce-scatters add into the shard
+
+    @staticmethod
+    def largest_reduction(layout, buckets):
+        """Elements the largest reduction of one call holds: one layer (stage 0: a bucket)."""
+        return layout.max_layer_padded
 
     def __init__(self, layout, collectives, memory, precision):
         self.layout = layout              # where every layer lives in the flat buffers

@@ -28,6 +28,12 @@ from .base import Backward, Owned, ZeroStage
 
 class Stage0(ZeroStage):
     stage = 0
+    takes_buckets = True
+
+    @staticmethod
+    def largest_reduction(layout, buckets):
+        """One all-reduce per gradient bucket: the largest bucket."""
+        return max(bucket_numel(bucket) for bucket in buckets)
 
     def __init__(self, layout, collectives, memory, precision, adam_config, buckets):
         super().__init__(layout, collectives, memory, precision)

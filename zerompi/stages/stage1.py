@@ -37,6 +37,7 @@ from .base import Backward, Owned, ZeroStage
 
 class Stage1(ZeroStage):
     stage = 1
+    takes_buckets = True
 
     def __init__(self, layout, collectives, memory, precision, adam_config, buckets):
         super().__init__(layout, collectives, memory, precision)

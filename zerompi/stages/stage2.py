@@ -33,6 +33,7 @@ from .base import Backward, LayerGradBuffers, Owned, ZeroStage
 
 class Stage2(ZeroStage):
     stage = 2
+    reduce_scatter_adds = True
 
     def __init__(self, layout, collectives, memory, precision, adam_config):
         super().__init__(layout, collectives, memory, precision)

@@ -35,6 +35,7 @@ from .base import Backward, LayerGradBuffers, Owned, ZeroStage
 
 class Stage3(ZeroStage):
     stage = 3
+    reduce_scatter_adds = True
 
     def __init__(self, layout, collectives, memory, precision, adam_config):
         super().__init__(layout, collectives, memory, precision)

@@ -44,7 +44,7 @@ from threadpoolctl import threadpool_info
 
 import zerompi
 from ..checkpoint.files import LOCK, MANIFEST
-from ..inputs import open_regular
+from ..util.inputs import open_regular
 from .config import TrainConfig
 
 SLOTS = 128                  # at most SLOTS - 1 fields in one comparison

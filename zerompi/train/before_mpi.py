@@ -15,7 +15,7 @@ from .config import TrainConfig, _Parser, _file_keys, build_parser, values_joine
 from .config_files import ConfigFileError, flags_from_file
 from .errors import ArgumentError
 from .version import version_text
-from ..exit_codes import ExitCode
+from ..util.exit_codes import ExitCode
 from ..mpi import launcher_rank
 
 

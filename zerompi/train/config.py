@@ -24,7 +24,7 @@ from .environment import ENVIRONMENT
 from .errors import ArgumentError
 from .version import version_text
 from ..devices.choice import DEVICE_CHOICES
-from ..exit_codes import EXIT_MEANINGS, ExitCode
+from ..util.exit_codes import EXIT_MEANINGS, ExitCode
 from ..precision import DTYPE_NAMES
 from .schedule import SCHEDULES
 from .loss_scale import loss_scale_error
@@ -217,7 +217,7 @@ def _flag(f):
 def _epilog():
     """The exit statuses and the environment variables zerompi reads, as --help ends."""
     width = max(len(str(code.value)) for code in ExitCode)
-    lines = ["exit status (zerompi/exit_codes.py):"]
+    lines = ["exit status (zerompi/util/exit_codes.py):"]
     lines += [f"  {code.value:>{width}}  {code.name.lower().replace('_', ' ')}: {EXIT_MEANINGS[code]}"
               for code in ExitCode]
     lines += ["", "environment variables read (none is needed):"]

@@ -74,7 +74,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from ..inputs import read_whole
+from ..util.inputs import read_whole
 
 if sys.version_info >= (3, 11):
     import tomllib

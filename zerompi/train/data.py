@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inputs import check_fits
-from ..npz_members import declared, open_npz, read
+from ..util.inputs import check_fits
+from ..util.npz_members import declared, open_npz, read
 from ..precision import precision_for
-from ..words import counted
+from ..util.words import counted
 
 
 class DataError(ValueError):
@@ -140,7 +140,7 @@ def load_npz(path: str, dtype=np.float64, ranks_on_node: int = 1) -> Dataset:
 
     The file must be a regular file (a FIFO or a device is refused before it is opened), is read
     without pickle, and each member's declared shape is checked against the file and against the
-    memory available before it is read (zerompi/npz_members.py). Every problem (missing file, not
+    memory available before it is read (zerompi/util/npz_members.py). Every problem (missing file, not
     an .npz, missing key, a header that lies, too large, wrong rank, dtype, length, a negative
     label, a value not finite in dtype, no samples) raises DataError with one line naming the file.
     """

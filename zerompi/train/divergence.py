@@ -1,5 +1,5 @@
 """A diverged run stops: one error line naming where the first non-finite number was, the last
-good weights saved where --save-weights is set, and every rank exits DIVERGED (zerompi/exit_codes.py).
+good weights saved where --save-weights is set, and every rank exits DIVERGED (zerompi/util/exit_codes.py).
 
 A step whose loss or gradient is not finite is not applied (zerompi/step.py). Outside fp16 the run
 stops at once; so it does in fp16 when the loss itself is not finite (the forward pass overflowed,
@@ -22,7 +22,7 @@ parameters are divergence in every dtype, and no weights are saved: there are no
 import math
 
 from ..checkpoint.weights import save_weights
-from ..exit_codes import ExitCode
+from ..util.exit_codes import ExitCode
 
 
 def not_finite_message(step, result, comm, loss_scaled=False):

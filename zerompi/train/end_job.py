@@ -8,8 +8,8 @@ which would release --save-dir's lock: it is released at the last moment instead
 import time
 
 from ..checkpoint.lock import release_locks
-from ..comm import abort_job
-from ..inputs import printable
+from ..mpi import abort_job
+from ..util.inputs import printable
 from ..observe.watchdog import MAX_STAGGER_SECONDS, await_announced_abort, report_then_abort, stagger
 
 

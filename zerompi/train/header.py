@@ -9,7 +9,7 @@ then the device (on a GPU) and what a resumed checkpoint changed, one line each.
 """
 import textwrap
 
-from ..words import counted
+from ..util.words import counted
 
 HEADER_WIDTH = 80
 
@@ -20,11 +20,11 @@ def print_header(state, sizes, note):
     layers, wraps, indented)."""
     cfg, comm, data, engine = state.cfg, state.comm, state.data, state.engine
     held_out = "" if data.x_test is None else f", {data.x_test.shape[0]} held out"
-    lines = [f"zerompi: {engine.grouping.describe(cfg.stage, comm.size)}, {cfg.dtype}, {cfg.steps} steps",
+    lines = [f"zerompi: {state.shape.grouping.describe(cfg.stage, comm.size)}, {cfg.dtype}, {cfg.steps} steps",
              f"model: MLP {'-'.join(map(str, sizes))} ({engine.layout.num_params:,} parameters)",
              f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
              f"global batch {cfg.batch_size} = {counted(comm.size, 'rank')} x {counted(cfg.grad_accum, 'micro-batch')}"
-             f" x {counted(state.rows, 'row')}"]
+             f" x {counted(state.shape.rows, 'row')}"]
     if comm.device.is_gpu:
         lines.append(f"device: {comm.device.name} on rank 0, {comm.describe_transport()}")
     for line in lines:

@@ -15,7 +15,7 @@ environment variables; if that number differs from what MPI reports, stop and sa
 BLAS threads per rank: OMP_NUM_THREADS when the user (or a Slurm script, from --cpus-per-task)
 set it (to anything but a positive integer: an error, checked here), else the CPUs this process
 may run on (its affinity mask) divided by the ranks on its node, at least 1
-(zerompi/devices/cpu.py's blas_threads, which the planner's calibration uses too).
+(zerompi/cpu.py's blas_threads, which the planner's calibration uses too).
 """
 
 # The innermost launcher first: `mpirun` inside a Slurm allocation starts its proxies with srun, so

@@ -65,7 +65,7 @@ import time
 
 import numpy as np
 
-from ..inputs import printable
+from ..util.inputs import printable
 
 SLURM_RESTARTS = "SLURM_RESTART_COUNT"     # set by Slurm in a requeued job: its requeue count
 MAX_COUNT = 2 ** 53 - 1                     # integers JSON readers and TensorBoard's floats hold exactly

@@ -28,20 +28,20 @@ from .data import load_data
 from .errors import ArgumentError
 from .grouping import grouping_error, resolve_grouping
 from .launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_SIZE_VARIABLES
-from ..devices.cpu import CPU
-from ..exit_codes import ExitCode
+from ..cpu import CPU
+from ..util.exit_codes import ExitCode
 from ..hierarchy import FLAT
-from ..inputs import format_bytes, printable
+from ..util.inputs import format_bytes, printable
 from ..ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
 from ..memory import MOST_RANKS, model_size_error, ring_traffic
 from ..mpi import first_number, launcher_rank
 from ..overlap import OverlapConfig
-from ..pipes import until_reader_leaves
+from ..util.pipes import until_reader_leaves
 from ..plan import RunShape, plan_run
 from ..plan.preflight import describe, need_of, preflight_error, runtime_bytes, start_transient_bytes
 from ..plan.virtual import PlannedCommunicator
 from ..precision import precision_for
-from ..words import counted
+from ..util.words import counted
 
 OP_NAMES = {ALLREDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALLGATHER: "all-gather"}
 

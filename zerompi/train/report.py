@@ -36,7 +36,7 @@ import numpy as np
 
 from ..ledger import MEMORY_KINDS
 from ..memory import ring_traffic
-from ..words import counted
+from ..util.words import counted
 
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
                           "grads_intra_node_bytes", "grads_inter_node_bytes", "params_intra_node_bytes",
@@ -59,7 +59,7 @@ def rank_numbers(engine, train_comm, steps):
                     dtype=np.float64)
 
 
-def build_report(engine, train_comm, steps, stage, micro_batches=1):
+def build_report(engine, train_comm, steps, stage, micro_batches, grouping):
     """Collective. On rank 0: a dict with every rank's numbers and the formulas; None elsewhere."""
     comm, layout = engine.comm, engine.layout
     mine = rank_numbers(engine, train_comm, steps)
@@ -68,7 +68,7 @@ def build_report(engine, train_comm, steps, stage, micro_batches=1):
     if comm.rank != 0:
         return None
     bytes_per_param = engine.stage.precision.bytes_per_param()
-    n, psi, psi_pad, grouping = comm.size, layout.num_params, layout.full_numel, engine.grouping
+    n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
     # [intra-node, inter-node] elements of each rank per step, and their sum (the same on every rank)
     split = [node_split(grouping.ring_collectives(stage, num, n, micro_batches), comm.node_of_rank)
              for num in (psi, psi_pad)]

@@ -21,7 +21,7 @@ write of theirs that fails during the run costs one warning line (zerompi/train/
 zerompi/train/tensorboard.py, zerompi/observe/trace.py), never the run. Inside the loop an inf or NaN gets one verdict
 (zerompi/train/divergence.py), not a RuntimeWarning from every rank.
 
-Exit status (zerompi/exit_codes.py): OK 0 done; BAD_INPUT 2 (one line on stderr); DIVERGED 3 a
+Exit status (zerompi/util/exit_codes.py): OK 0 done; BAD_INPUT 2 (one line on stderr); DIVERGED 3 a
 non-finite loss or gradient in float32/float64/bf16, non-finite parameters in any dtype, or the
 fp16 loss scale collapsed: the last good weights are saved where --save-weights is set (none when
 the parameters are not finite); PREEMPTED 4 (SIGTERM/SIGUSR1/SIGINT during training with
@@ -45,20 +45,23 @@ from threadpoolctl import threadpool_limits
 from ..adam import AdamConfig
 from ..checkpoint.training import check_save_dir, save_training_checkpoint, start_from
 from ..checkpoint.weights import check_writable, save_weights
-from ..comm import Communicator
+from ..cpu import blas_threads
+from ..devices import communicator_on
 from ..devices.choice import check_device, select_device
-from ..devices.cpu import blas_threads
 from ..devices.nccl import NcclCommunicator
 from ..engine import build_engine
-from ..exit_codes import ExitCode
-from ..inputs import format_bytes, printable
+from ..hierarchy import hierarchy_for
+from ..util.exit_codes import ExitCode
+from ..util.inputs import format_bytes, printable
 from ..ledger import GRADS, METRICS, PARAMS
 from ..memory import model_size_error
 from ..mpi import MpiUnavailable, launcher_rank
+from ..observe import guards_for
 from ..observe.trace import Tracer, create_trace_file
 from ..observe.watchdog import await_announced_abort
 from ..plan.preflight import preflight_error
-from ..precision import Precision, precision_for
+from ..plan import RunShape
+from ..precision import precision_for
 from ..step import count_correct, train_step
 from .agreement import agree, data_fields, run_fields, start_fields
 from .batches import MicroBatches
@@ -75,7 +78,7 @@ from .header import print_header
 from .launch import launch_mismatch, threads_variable_error
 from .loss_scale import LossScaler, loss_scale_error
 from .metrics import MetricsFile, StepMetrics, slurm_restarts
-from .planning import overlap_config, run_shape
+from .planning import run_shape
 from .progress import Progress
 from .report import build_report, format_json, format_table
 from .schedule import learning_rate
@@ -90,9 +93,8 @@ class RunState:
     comm: object                 # zerompi/comm.py's Communicator, or the NCCL one
     out: object                  # where rank 0 prints: stdout, stderr (--report json), or the live line
     data: Dataset
-    precision: Precision
+    shape: RunShape              # the run resolved: sizes, stage, precision, rows, grouping, ... (zerompi/plan/)
     engine: object               # zerompi/engine.py's Engine
-    rows: int                    # this rank's rows of one micro-batch
     scaler: LossScaler
     first_step: int              # 0, or the step of the checkpoint resumed from
     lineage: dict                # the resumed checkpoint, for the manifests of the next ones
@@ -126,17 +128,15 @@ def setup(cfg, comm, out):
     agree(comm, data_fields(data), out)                      # the same data on every rank (agreement.py)
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
     comm.check_all(model_size_error(sizes))
-    precision = precision_for(cfg.dtype)
-    M = cfg.grad_accum
-    rows = cfg.micro_batch_size                              # this rank's rows of one micro-batch
     adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
-    overlap = overlap_config(cfg)
-    comm.check_all(comm.thread_level_error() if overlap.enabled else None)
+    comm.check_all(comm.thread_level_error() if cfg.overlap else None)
     grouping, error = resolve_grouping(cfg, comm)            # where the ranks are: the node map
     comm.check_all(error)
     shape = run_shape(cfg, sizes, comm.size, grouping, comm.node_of_rank)   # zerompi/plan/: before allocating
     comm.check_all(preflight_error(shape, comm.rank, comm.device, ranks_on_node))
-    engine = build_engine(sizes, cfg.stage, precision, adam_config, rows, comm, M, overlap, grouping)
+    precision, rows = shape.precision, shape.rows            # rows: this rank's rows of one micro-batch
+    engine = build_engine(sizes, shape.stage, precision, adam_config, rows, comm, shape.micro_batches,
+                          shape.overlap.bucket_mb, shape.overlap.start, hierarchy_for(comm, grouping))
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
     comm.check_all(tensorboard_missing() if cfg.tensorboard and comm.rank == 0 else None)
@@ -150,7 +150,7 @@ def setup(cfg, comm, out):
     batches = MicroBatches(cfg, comm, data, precision.compute, rows)
     metrics = start_metrics(cfg, comm, engine, lineage["restarts"])
     tracer = start_trace(cfg, comm, engine)
-    state = RunState(cfg=cfg, comm=comm, out=out, data=data, precision=precision, engine=engine, rows=rows,
+    state = RunState(cfg=cfg, comm=comm, out=out, data=data, shape=shape, engine=engine,
                      scaler=scaler, first_step=first_step, lineage=lineage, batches=batches, status=None,
                      progress=None, metrics=metrics, tracer=tracer, stalls=Stalls())
     print_header(state, sizes, note)                         # zerompi/train/header.py
@@ -280,7 +280,7 @@ def finish(state, train_seconds):
     train_comm = {p: comm.ledger.totals({p}) + comm.ledger.inter_node({p}) for p in (GRADS, PARAMS)}
 
     if data.x_test is not None:
-        accuracy, not_finite = held_out_accuracy(engine, data, state.precision.compute, state.rows)
+        accuracy, not_finite = held_out_accuracy(engine, data, state.shape.precision.compute, state.shape.rows)
         comm.check_all(f"held-out predictions are not finite ({not_finite} of {data.x_test.shape[0]} samples): "
                        f"the weights overflow {cfg.dtype} in the forward pass; nothing saved: lower --lr"
                        if not_finite else None, exit_code=ExitCode.DIVERGED)
@@ -293,7 +293,7 @@ def finish(state, train_seconds):
         state.metrics.close()
     if state.tracer is not None:
         state.tracer.close()
-    report = build_report(engine, train_comm, steps_run, cfg.stage, cfg.grad_accum)
+    report = build_report(engine, train_comm, steps_run, cfg.stage, cfg.grad_accum, state.shape.grouping)
     if comm.rank == 0 and cfg.report == "table":
         print("\n" + format_table(report), flush=True)
     elif comm.rank == 0 and cfg.report == "json":
@@ -338,7 +338,7 @@ def main(argv=None):
         # the watchdog guards the collectives from the first one, which the Communicator makes.
         early = choices_before_mpi(argv)
         device, device_error = select_device(early.device, os.environ)
-        comm = Communicator(device=device, collective_timeout=early.collective_timeout)
+        comm = communicator_on(device, guards=guards_for(collective_timeout=early.collective_timeout))
     except Interrupted as e:                   # reading --config, or MPI starting
         end_job(rank, f"zerompi: error: rank {rank}: {e}", ExitCode.INTERRUPTED)
     except MpiUnavailable as e:                # no MPI, no abort: every rank ends, the launcher's rank 0 says why
@@ -368,10 +368,10 @@ def main(argv=None):
         ranks_on_node = comm.ranks_on_this_node()
         comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm, ranks_on_node))
         if cfg.comm == "nccl":                  # the same ranks, training traffic on NCCL, its own watchdog
-            comm.guard(collective_timeout=0.0)
-            comm = NcclCommunicator(comm.mpi, device, cfg.collective_timeout)
+            comm.guards.turn_on(collective_timeout=0.0)
+            comm = NcclCommunicator(comm.mpi, device, guards_for(comm.mpi, collective_timeout=cfg.collective_timeout))
         comm.check_all(threads_variable_error(os.environ))
-        comm.guard(cfg.check_collectives, cfg.collective_timeout)
+        comm.guards.turn_on(cfg.check_collectives, cfg.collective_timeout)
         threads = blas_threads(ranks_on_node, os.environ, len(os.sched_getaffinity(0)))
         with threadpool_limits(limits=threads):
             run(cfg, comm, out, signals)

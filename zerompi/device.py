@@ -3,7 +3,7 @@
 A run chooses its device once, at start (zerompi/devices/choice.py: `select_device`, before MPI
 starts), and every part of it asks that object; nothing else asks where an array lives:
 
-    CPU    zerompi/devices/cpu.py    NumPy; its operations are the NumPy code of zerompi/layers.py
+    CPU    zerompi/cpu.py    NumPy; its operations are the NumPy code of zerompi/layers.py
                                      and zerompi/adam.py, the mainline's arithmetic
     GPU    zerompi/devices/gpu.py    CuPy; the same math as cuBLAS GEMMs and fused kernels
 

@@ -1,7 +1,7 @@
 """The CPU device: NumPy arrays in host memory, and the mainline's arithmetic.
 
 A device is where the training buffers live and how the few operations that differ between NumPy
-and CuPy run (zerompi/devices/device.py lists them). Here every operation is the plain NumPy code of
+and CuPy run (zerompi/device.py lists them). Here every operation is the plain NumPy code of
 zerompi/layers.py (the layers' math, one equation per comment) and zerompi/adam.py (AdamW's chunked
 update); this class adds only what precision needs on a CPU (shapes as in zerompi/model.py):
 
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import layers
-from ..adam import adamw_chunked
-from ..inputs import memory_limit
-from ..precision import is_16bit
+from . import layers
+from .adam import adamw_chunked
+from .util.inputs import memory_limit
+from .precision import is_16bit
 
 
 def blas_threads(ranks_on_node, environ, cores):
@@ -65,7 +65,7 @@ class CPU:
         return np.zeros(shape, dtype=dtype)
 
     def memory_available(self, ranks_on_node=1):
-        """(bytes this rank may still allocate, which limit that is): zerompi/inputs.py."""
+        """(bytes this rank may still allocate, which limit that is): zerompi/util/inputs.py."""
         return memory_limit(ranks_on_node)
 
     def holds(self, array):

@@ -18,7 +18,7 @@ file:
                       no object dtype (that would need pickle)
 
 `declared` returns the (shape, dtype) that passed; the caller checks them against what it expects
-and the bytes it will allocate against the memory available (zerompi/inputs.py's check_fits), and
+and the bytes it will allocate against the memory available (zerompi/util/inputs.py's check_fits), and
 only then calls `read`. Every problem raises the caller's error(one line naming the file).
 """
 import math
