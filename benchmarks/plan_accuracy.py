@@ -1,10 +1,10 @@
-"""The cost model (zerompi/plan/cost.py) against measured step times, on this machine.
+"""The cost model (zerompi/train/commands/cost.py) against measured step times, on this machine.
 
     mpirun -n N python benchmarks/plan_accuracy.py [--widths 512,1024,2048,4096] [--layers 4]
         [--batch-per-rank 64] [--stages 0,1,2,3] [--repeats 5] [--steps 3] [--warmup 2]
 
 For each width W, an MLP W-W-...-W-10 (`layers` linear layers, float32, overlap off): its stages'
-engines warmed up, then `repeats` rounds, each of which calibrates (zerompi/plan/calibrate.py, as
+engines warmed up, then `repeats` rounds, each of which calibrates (zerompi/train/commands/calibrate.py, as
 `python -m zerompi.plan calibrate` does, at this N) and then times `steps` steps of every stage
 (step_time.py's timed_repeats: the slowest rank's mean), with the BLAS threads a run would use
 (zerompi/cpu.py). Each round's prediction (plan_run's calls priced by step_cost with that
@@ -29,8 +29,8 @@ from step_time import N, RANK, timed_repeats, warmed_up_step   # noqa: E402
 from zerompi.adam import AdamConfig                                    # noqa: E402
 from zerompi.engine import build_engine                                # noqa: E402
 from zerompi.plan import RunShape, plan_run                           # noqa: E402
-from zerompi.plan.calibrate import calibrate, machine_from            # noqa: E402
-from zerompi.plan.cost import step_cost                               # noqa: E402
+from zerompi.train.commands.calibrate import calibrate, machine_from            # noqa: E402
+from zerompi.train.commands.cost import step_cost                               # noqa: E402
 from zerompi.precision import precision_for                           # noqa: E402
 from zerompi.cpu import blas_threads                          # noqa: E402
 

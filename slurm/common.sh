@@ -50,7 +50,7 @@ forward() {                                      # forward a signal to the ranks
 
 check_python() {                                 # one line and status 2 where zerompi does not import
     local problem
-    if ! problem=$("$ZEROMPI_PYTHON" -c 'import zerompi.train.run' 2>&1); then
+    if ! problem=$("$ZEROMPI_PYTHON" -c 'import zerompi.train.loop.run' 2>&1); then
         echo "zerompi: error: $ZEROMPI_PYTHON cannot import zerompi ($(tail -n 1 <<< "$problem")): activate" \
              "the venv that has zerompi before sbatch (sbatch passes it on), or set ZEROMPI_PYTHON to its python" >&2
         exit 2

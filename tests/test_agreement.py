@@ -1,4 +1,4 @@
-"""Ranks that must agree (zerompi/train/agreement.py), through MPMD launches whose ranks differ in
+"""Ranks that must agree (zerompi/train/options/agreement.py), through MPMD launches whose ranks differ in
 one thing each (`mpirun -n 1 A : -n 1 B`, each rank its own command line, working folder and
 environment, as two nodes' would be).
 
@@ -125,14 +125,14 @@ FAKE_VERSION = """
 import sys
 import numpy
 import os
-import zerompi.train.agreement as agreement
+import zerompi.train.options.agreement as agreement
 from zerompi.mpi import launcher_rank
 if launcher_rank(os.environ) == 1:                   # before MPI starts (zerompi starts it)
     if sys.argv[1] == "numpy":
         numpy.__version__ = "1.0.0"
     else:
         agreement.source_digest = lambda: "0123456789abcdef"
-from zerompi.train.run import main
+from zerompi.train.loop.run import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -222,7 +222,7 @@ def test_the_sources_digest_counts_modules_not_an_editors_files(tmp_path, monkey
     """An editor's lock file (a dangling symlink named .#run.py) beside the package made every run
     end in a traceback."""
     import zerompi
-    from zerompi.train.agreement import source_digest
+    from zerompi.train.options.agreement import source_digest
     package = tmp_path / "zerompi"
     (package / "train").mkdir(parents=True)
     (package / "__init__.py").write_text("")

@@ -496,7 +496,7 @@ def write_but_latest(path, text):                  # an I/O error just when `lat
         raise OSError(errno.EIO, os.strerror(errno.EIO), path)
     return write(path, text)
 save.write_text_atomically = write_but_latest
-from zerompi.train.run import main
+from zerompi.train.loop.run import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -627,7 +627,7 @@ def test_an_export_says_how_to_feed_the_model_and_a_numpy_forward_pass_agrees(tm
     forward pass of the raw pixel counts gets another accuracy), and the held-out accuracy
     computed from the export with it is the run's."""
     from safetensors import safe_open
-    from zerompi.train.data import DIGITS_PATH
+    from zerompi.train.loop.data import DIGITS_PATH
     run = train_ok(2, "--steps", 40, "--hidden", 16, "--save-dir", "ck", "--report", "none", cwd=tmp_path)
     printed = float(re.search(r"held-out accuracy ([\d.]+)%", run.stdout).group(1))
     result = subprocess.run([sys.executable, "-m", "zerompi.checkpoint", "export", "ck", "m.safetensors"],

@@ -860,7 +860,7 @@ def test_a_rotation_interrupted_half_way_leaves_a_partial_folder_the_next_run_re
     for good: no longer verified, so never removed. Now the folder is first renamed to a
     .partial-step_K, which the next run removes under the lock."""
     from zerompi.checkpoint import save
-    from zerompi.checkpoint.lock import remove_stale_partials
+    from zerompi.train.loop.lock import remove_stale_partials
     save_dir = copy_of(checkpoints, "float32", tmp_path)
     real_unlink, calls = os.unlink, []
 
@@ -916,7 +916,7 @@ def test_checkpoint_commands_never_write_onto_a_checkpoint(command, output, chec
 ])
 def test_initial_weights_beyond_the_dtype_get_advice_that_fits_the_run(dtype, says, never):
     from zerompi.stages.params import set_layer_params
-    from zerompi.checkpoint.training import _unrepresentable
+    from zerompi.train.loop.checkpoints import _unrepresentable
     engine = fresh_engine(dtype=dtype)
     assert _unrepresentable(engine, "w.npz") is None
     layer = engine.layout.layers[1]

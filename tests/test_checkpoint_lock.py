@@ -1,4 +1,4 @@
-"""zerompi/checkpoint/lock.py directly: what a lock file may hold, and a holder that is just ending."""
+"""zerompi/train/loop/lock.py directly: what a lock file may hold, and a holder that is just ending."""
 import os
 import socket
 import subprocess
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from zerompi.checkpoint import lock
+from zerompi.train.loop import lock
 from zerompi.checkpoint.files import CheckpointError
 
 

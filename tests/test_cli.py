@@ -382,7 +382,7 @@ def test_help_prints_usage_once_and_exits_0(tmp_path):
 def test_help_is_grouped_with_choices_switches_and_defaults():
     """--help comes from TrainConfig's fields: a group per topic, enumerations as {choices},
     booleans as --x/--no-x, and "(default: ...)" wherever there is a default to show."""
-    from zerompi.train.config import build_parser
+    from zerompi.train.options.config import build_parser
     text = " ".join(build_parser().format_help().split())          # unwrapped
     groups = ["config files:", "model:", "data and batches:", "optimizer and schedule:", "precision:",
               "ZeRO and communication:", "checkpoints:", "output:", "exit status"]
@@ -403,8 +403,8 @@ def test_help_is_grouped_with_choices_switches_and_defaults():
 
 def test_help_ends_with_every_exit_status_and_environment_variable():
     from zerompi.util.exit_codes import ExitCode
-    from zerompi.train.config import build_parser
-    from zerompi.train.environment import ENVIRONMENT
+    from zerompi.train.options.config import build_parser
+    from zerompi.train.options.environment import ENVIRONMENT
     text = build_parser().format_help()
     epilog = text[text.index("exit status"):]
     for code in ExitCode:
@@ -416,7 +416,7 @@ def test_help_ends_with_every_exit_status_and_environment_variable():
 
 def test_help_fits_80_columns():
     env = dict(os.environ, COLUMNS="80")
-    text = subprocess.run([sys.executable, "-c", "from zerompi.train.config import build_parser; "
+    text = subprocess.run([sys.executable, "-c", "from zerompi.train.options.config import build_parser; "
                            "build_parser().print_help()"], env=env, capture_output=True, text=True,
                           timeout=60).stdout
     assert text.startswith("usage:") and max(map(len, text.splitlines())) <= 80
@@ -429,8 +429,8 @@ VARIABLE_NAME = re.compile(r"""["']((?:OMP|PMI|PMIX|OMPI|MPI|PALS|SLURM|ZEROMPI|
 def test_every_environment_variable_zerompi_reads_is_in_the_help_table():
     """A read written as environ.get("X") / environ["X"] / getenv("X"), and any quoted whole name of
     the launchers' and zerompi's families (the tables of names read in a loop) in a module that
-    reads the environment, must be in zerompi/train/environment.py's table."""
-    from zerompi.train.environment import ENVIRONMENT
+    reads the environment, must be in zerompi/train/options/environment.py's table."""
+    from zerompi.train.options.environment import ENVIRONMENT
     listed = {name for names, _ in ENVIRONMENT for name in names}
     package = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "zerompi")
     found = {}
@@ -447,13 +447,13 @@ def test_every_environment_variable_zerompi_reads_is_in_the_help_table():
     assert found, "the scan found no environment read at all"
     assert {"OMP_NUM_THREADS", "PMI_SIZE", "SLURM_LOCALID", "ZEROMPI_CUDA_AWARE"} <= set(found)
     missing = {variable: where for variable, where in found.items() if variable not in listed}
-    assert not missing, f"read but not listed in zerompi/train/environment.py: {missing}"
+    assert not missing, f"read but not listed in zerompi/train/options/environment.py: {missing}"
 
 
 def test_version_is_pyprojects(tmp_path):
     tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
     import zerompi
-    from zerompi.train.version import version_text, zerompi_version
+    from zerompi.train.options.version import version_text, zerompi_version
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "pyproject.toml"), "rb") as f:
         declared = tomllib.load(f)["project"]["version"]

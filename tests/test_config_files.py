@@ -1,4 +1,4 @@
-"""--config FILE.toml and DeepSpeed JSON configs (zerompi/train/config_files.py), parsed as on N ranks.
+"""--config FILE.toml and DeepSpeed JSON configs (zerompi/train/options/config_files.py), parsed as on N ranks.
 
 The end-to-end runs (one clear line, exit 2, nothing written) are in tests/test_cli.py's
 bad-input table; here: what each file maps to, that the command line wins, and that every
@@ -10,11 +10,11 @@ import os
 import pytest
 
 from test_cli import train_ok, load_weights
-from zerompi.train.batch_rule import resolve_batch
-from zerompi.train.before_mpi import choices_before_mpi
-from zerompi.train.config import TrainConfig, parse_args
-from zerompi.train.config_checks import check_config
-from zerompi.train.errors import ArgumentError
+from zerompi.train.options.batch_rule import resolve_batch
+from zerompi.train.options.before_mpi import choices_before_mpi
+from zerompi.train.options.config import TrainConfig, parse_args
+from zerompi.train.options.config_checks import check_config
+from zerompi.train.options.errors import ArgumentError
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
@@ -295,7 +295,7 @@ def test_a_key_with_a_line_break_is_named_on_one_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# The batch sizes: one rule (zerompi/train/batch_rule.py's resolve_batch) for flags, TOML and DeepSpeed
+# The batch sizes: one rule (zerompi/train/options/batch_rule.py's resolve_batch) for flags, TOML and DeepSpeed
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", range(1, 17))

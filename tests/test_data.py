@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import zerompi.util.inputs
-from zerompi.train.data import BatchSchedule, DataError, Dataset, load_npz, make_synthetic
+from zerompi.train.loop.batches import BatchSchedule
+from zerompi.train.loop.data import DataError, Dataset, load_npz, make_synthetic
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,8 +442,8 @@ def test_schedule_rejects_negative_step_and_seed():
 def test_a_default_batch_larger_than_the_data_says_where_it_came_from():
     """With no batch option the global batch is 16 rows x N: at N = 94 it exceeds the 1497 digits,
     and the line names the split, not a --batch-size the user never gave."""
-    from zerompi.train.config import parse_args
-    from zerompi.train.data import load_data
+    from zerompi.train.options.config import parse_args
+    from zerompi.train.loop.data import load_data
     data, error = load_data(parse_args([], num_ranks=94), 1)
     assert data is None and error == ("the global batch 1504 (16 rows x 1 micro-batch x 94 ranks) is larger than "
                                       "the 1497 training samples of digits: pass a smaller --batch-size, "

@@ -102,7 +102,7 @@ def test_upload_is_queued_on_the_current_stream(monkeypatch):
 
 
 def test_take_writes_rows_into_out_without_a_temporary():
-    """The batch gather of every step (zerompi/train/batches.py): NumPy's default take would buffer out."""
+    """The batch gather of every step (zerompi/train/loop/batches.py): NumPy's default take would buffer out."""
     take = CPU().take
     data = np.random.default_rng(0).standard_normal((1000, 512))
     index = np.arange(999, -1, -4)
@@ -118,7 +118,7 @@ def test_take_writes_rows_into_out_without_a_temporary():
 
 def test_the_gpu_is_chosen_before_mpi_starts():
     """zerompi.train imports mpi4py.MPI without initializing it; the Communicator starts MPI."""
-    code = ("import zerompi.train.run\nfrom mpi4py import MPI\nassert not MPI.Is_initialized()\n"
+    code = ("import zerompi.train.loop.run\nfrom mpi4py import MPI\nassert not MPI.Is_initialized()\n"
             "from zerompi.comm import Communicator\nCommunicator()\nassert MPI.Is_initialized()\nprint('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
@@ -136,7 +136,7 @@ def test_device_checks(monkeypatch):
 def test_a_dtype_alias_is_one_name_from_the_parse_on():
     """--dtype bfloat16 is bf16 everywhere below the command line: the GPU's bfloat16 check ran for
     the name bf16 only, and the header printed the alias."""
-    from zerompi.train.config import parse_args
+    from zerompi.train.options.config import parse_args
 
     class NoBfloat16:
         is_gpu, count = True, 1
@@ -229,8 +229,8 @@ def test_this_machines_mpi_is_not_cuda_aware_by_every_question():
 
 
 def test_the_device_and_the_watchdog_come_from_the_command_line_then_the_toml_config(tmp_path):
-    """What is read before MPI starts (zerompi/train/before_mpi.py)."""
-    from zerompi.train.before_mpi import choices_before_mpi
+    """What is read before MPI starts (zerompi/train/options/before_mpi.py)."""
+    from zerompi.train.options.before_mpi import choices_before_mpi
     def early(*argv):
         choices = choices_before_mpi(list(argv))
         return choices.device, choices.collective_timeout

@@ -178,5 +178,5 @@ def test_docstrings_and_comments_name_files_that_exist():
     stale = {path: names for path in files if (names := stale_names(path, prose_of(os.path.join(ROOT, path)),
                                                                      existing))}
     assert stale == {}, f"docstrings and comments name what does not exist: {stale}"
-    assert stale_names("zerompi/x.py", "see dry_run.py and zerompi/no_such.py, docs/figures/NAME.png",
-                       existing) == ["zerompi/no_such.py", "dry_run.py"]
+    assert stale_names("zerompi/x.py", "see planning.py and zerompi/no_such.py, docs/figures/NAME.png",
+                       existing) == ["zerompi/no_such.py", "planning.py"]

@@ -198,7 +198,7 @@ def test_ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits_4(tmp_path):
 
 EXIT_SIGNALS = """
 import os, signal, sys
-from zerompi.train.run import main
+from zerompi.train.loop.run import main
 try:
     main(sys.argv[1:])
 except SystemExit as e:
@@ -349,7 +349,7 @@ def signals_here():
     """Make a zerompi Signals of this process (rank 0), recording what its watcher ends in `ended`;
     the previous handlers and wakeup fd are put back afterwards."""
     import signal
-    from zerompi.train.signals import Signals
+    from zerompi.train.loop.signals import Signals
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     ended = []
     try:
@@ -364,7 +364,7 @@ def test_sigusr1_after_training_is_a_warning_and_the_finish_goes_on(capfd, signa
     """Slurm's warning before a time limit, landing while the weights were written, ended a
     finished run with status 130 and no weights."""
     import signal
-    from zerompi.train.signals import Interrupted
+    from zerompi.train.loop.signals import Interrupted
     make, ended = signals_here
     signals = make()
     signals.leave_loop()
@@ -382,7 +382,7 @@ def test_the_watcher_decides_only_what_ends_the_run_and_only_what_the_main_threa
     not handled (here: its handler does nothing, as while it waits in MPI) ends the run from the
     watcher when it ends the run in its phase."""
     import signal
-    from zerompi.train.signals import ACT_WITHIN_SECONDS, Interrupted
+    from zerompi.train.loop.signals import ACT_WITHIN_SECONDS, Interrupted
     make, ended = signals_here
     signals = make()
     signals.enter_loop(save_dir=False)
@@ -415,7 +415,7 @@ FP16_FORWARD_OVERFLOWS = ["--dtype", "fp16", "--lr", 3e4, "--weight-decay", 0, "
 def test_an_fp16_forward_pass_beyond_float16_skipping_every_step_is_not_a_success(tmp_path):
     """The weights after one step of --lr 3e4 fit float16, but the activations do not: every later
     step was "a gradient overflow: step skipped" until the run ended, exit 0 at 6% accuracy. (With
-    the default weight decay, lr x wd = 300 is refused at the start: zerompi/train/config_checks.py.)"""
+    the default weight decay, lr x wd = 300 is refused at the start: zerompi/train/options/config_checks.py.)"""
     run = launch(2, *FP16_FORWARD_OVERFLOWS, "--save-weights", "w.npz", cwd=tmp_path)
     assert run.returncode == 3, run.describe()
     lines = error_lines(run)

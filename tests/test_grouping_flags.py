@@ -1,10 +1,10 @@
 """--shard-group and --hpz on the command line: what they accept, and one line for what they do not
-(zerompi/train/grouping.py). The runs themselves: tests/mpi/test_hierarchical_equals_single_process_adamw.py
+(zerompi/train/options/grouping.py). The runs themselves: tests/mpi/test_hierarchical_equals_single_process_adamw.py
 and tests/test_hierarchy_on_nodes.py."""
 import pytest
 
-from zerompi.train.config import parse_args
-from zerompi.train.grouping import grouping_error
+from zerompi.train.options.config import parse_args
+from zerompi.train.options.grouping import grouping_error
 
 
 def error(argv, num_ranks=8):

@@ -11,8 +11,8 @@ import pytest
 from support.cluster import run_launcher
 from zerompi.util.exit_codes import ExitCode
 from zerompi.hierarchy.groups import node_size
-from zerompi.train.config import parse_args
-from zerompi.train.grouping import grouping_error
+from zerompi.train.options.config import parse_args
+from zerompi.train.options.grouping import grouping_error
 
 
 def size_and_error(node_of_rank):

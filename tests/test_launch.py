@@ -5,7 +5,7 @@ import sys
 
 from zerompi.cpu import blas_threads
 from zerompi.mpi import launcher_rank
-from zerompi.train.launch import launch_mismatch
+from zerompi.train.options.launch import launch_mismatch
 
 
 def test_matching_launch_is_fine():
@@ -46,7 +46,7 @@ def test_a_lone_process_that_was_told_it_has_siblings_stops_with_one_line(tmp_pa
 
 
 def test_omp_num_threads_must_be_a_positive_integer():
-    from zerompi.train.launch import threads_variable_error
+    from zerompi.train.options.launch import threads_variable_error
     assert threads_variable_error({}) is None
     assert threads_variable_error({"OMP_NUM_THREADS": "2"}) is None
     assert threads_variable_error({"OMP_NUM_THREADS": "4,2"}) is None          # OpenMP's nested form
@@ -59,7 +59,7 @@ def test_variables_with_non_ascii_digits_are_not_numbers():
     """str.isdigit() takes '²' and '٤', which int() refuses: such a value is not a count, never a
     traceback (a launcher variable is ignored, OMP_NUM_THREADS is one line)."""
     from zerompi.devices.choice import local_rank
-    from zerompi.train.launch import threads_variable_error
+    from zerompi.train.options.launch import threads_variable_error
     for value in ("²", "٤", "4²"):
         assert launch_mismatch(4, {"PMI_SIZE": value}) is None
         assert launcher_rank({"PMI_RANK": value}) == 0 and local_rank({"MPI_LOCALRANKID": value}) == 0

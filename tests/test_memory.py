@@ -22,7 +22,7 @@ from zerompi.memory import (
     ring_traffic_per_rank,
     wire_bytes,
 )
-from zerompi.memory.table import main
+from zerompi.train.commands.memory_table import main
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

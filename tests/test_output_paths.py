@@ -1,13 +1,13 @@
 """An output path that is an input, by any name, is refused before anything is written
-(zerompi/train/config_checks.py): --save-weights, --metrics, --trace and --save-dir against
+(zerompi/train/options/config_checks.py): --save-weights, --metrics, --trace and --save-dir against
 --data, --init-weights, --config and --deepspeed-config."""
 import os
 
 import numpy as np
 import pytest
 
-from zerompi.train.config import parse_args
-from zerompi.train.config_checks import check_config
+from zerompi.train.options.config import parse_args
+from zerompi.train.options.config_checks import check_config
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The cost model (zerompi/plan/cost.py) against hand-computed cases, its calibration file, and
+"""The cost model (zerompi/train/commands/cost.py) against hand-computed cases, its calibration file, and
 `python -m zerompi.plan` end to end. No timing is asserted: the numbers are arithmetic."""
 import json
 import os
@@ -11,8 +11,8 @@ from test_cli import launch
 from zerompi.ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, PARAMS, REDUCE_SCATTER
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_run
-from zerompi.plan.calibrate import CalibrationError, read_calibration
-from zerompi.plan.cost import (Link, Machine, adam_bytes, cluster_machine, gemm_flops, hideable_seconds,
+from zerompi.train.commands.calibrate import CalibrationError, read_calibration
+from zerompi.train.commands.cost import (Link, Machine, adam_bytes, cluster_machine, gemm_flops, hideable_seconds,
                                interpolate, owned_elements, step_cost)
 from zerompi.plan.virtual import PlannedCall
 from zerompi.precision import precision_for

@@ -1,5 +1,5 @@
 """The preflight's arithmetic and its one line (zerompi/plan/preflight.py), and --dry-run's text
-and errors (zerompi/train/planning.py), single-process: a device whose available memory the test
+and errors (zerompi/train/commands/dry_run.py), single-process: a device whose available memory the test
 sets stands for the limits (tests/test_preflight_limits.py goes through the real ones)."""
 import gc
 import os

@@ -1,4 +1,4 @@
-"""Logs fit where they go (zerompi/train/destination.py, status_line.py, progress.py):
+"""Logs fit where they go (zerompi/train/outputs/destination.py, status_line.py, progress.py):
 
     auto        on real pseudo-terminals, with each launcher's environment variables: a plain
                 terminal draws the live line; a Slurm batch job, and Open MPI's mpirun writing to a
@@ -24,8 +24,8 @@ import pytest
 from test_cli import _mpirun, train_ok
 from test_observability import open_terminal, run_on_pty
 from zerompi.step import StepResult
-from zerompi.train.destination import launcher_writes_to_terminal, live_progress
-from zerompi.train.progress import Progress, fit
+from zerompi.train.outputs.destination import launcher_writes_to_terminal, live_progress
+from zerompi.train.outputs.progress import Progress, fit
 
 FLAGS = ("--steps", 60, "--hidden", 16, "--log-every", 20, "--report", "none")
 CONTROL = re.compile(r"\r(?!\n)|\x1b")          # a carriage return that is not part of a line end, or ESC
@@ -132,7 +132,7 @@ def test_the_launcher_is_asked_about_the_stream_the_line_would_go_to(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     os.symlink(os.path.realpath(sys.executable), bin_dir / "mpirun")
-    ask = ("import os, sys; from zerompi.train.destination import launcher_writes_to_terminal as w; "
+    ask = ("import os, sys; from zerompi.train.outputs.destination import launcher_writes_to_terminal as w; "
            "print(w(os.getpid(), 1), w(os.getpid(), 2), file=sys.__stdout__)")
     leader, follower = open_terminal(80)
     with open(tmp_path / "err.txt", "w") as err:

@@ -5,9 +5,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from zerompi.train.loss_scale import LossScaler, loss_scale_error
+from zerompi.train.loop.loss_scale import LossScaler, loss_scale_error
 from zerompi.precision import DTYPE_NAMES, precision_for
-from zerompi.train.schedule import learning_rate
+from zerompi.train.loop.schedule import learning_rate
 
 
 def test_constant_schedule_with_warmup():

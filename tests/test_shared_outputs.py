@@ -82,7 +82,7 @@ def test_every_file_and_folder_created_has_the_mode_the_umask_gives(umask, tmp_p
 def test_the_lock_file_has_the_mode_the_umask_gives(umask, tmp_path):
     script = textwrap.dedent("""
         import os, stat, sys
-        from zerompi.checkpoint.lock import take_lock
+        from zerompi.train.loop.lock import take_lock
         take_lock(sys.argv[1])
         print(oct(stat.S_IMODE(os.stat(os.path.join(sys.argv[1], ".lock")).st_mode)))
     """)

@@ -1,4 +1,4 @@
-"""--tensorboard DIR (zerompi/train/tensorboard.py): the event file read back (TFRecord framing
+"""--tensorboard DIR (zerompi/train/outputs/tensorboard.py): the event file read back (TFRecord framing
 parsed here, events with tensorboardX's protocol buffers) holds the --metrics file's values at the
 same steps, per rank where the metrics have one value per rank; without tensorboardX the flag is
 one error line; a checkpoint folder is refused; a full disk costs one warning."""
@@ -96,7 +96,7 @@ def test_a_full_disk_under_tensorboard_costs_one_warning(tmp_path):
 def test_two_runs_into_one_folder_in_the_same_second_keep_both_event_files(tmp_path):
     """The event file's name carries the writer's pid, not only the second and the host: a sweep
     that starts two runs at once into one folder must not truncate one's events."""
-    from zerompi.train.tensorboard import TensorBoardLog
+    from zerompi.train.outputs.tensorboard import TensorBoardLog
     logs = [TensorBoardLog(str(tmp_path / "tb")) for _ in range(2)]
     for log in logs:
         log.close()

@@ -1,18 +1,25 @@
-"""Print zerompi's import graph and check that it is a stack: no cycles, and no module below the
-program importing the program.
+"""zerompi's import graph and the rules it keeps: two parts, one way, no cycles.
 
     python tools/import_graph.py          the graph, one line per module, then the checks
     python tools/import_graph.py --check  only the checks (exit 1 on a problem)
 
 Every import of a zerompi module counts, also one inside a function (a lazy import hides a cycle
-from Python, not from a reader). Modules are grouped as README's reading order groups them:
+from Python, not from a reader). Each module belongs to one part (`part_of`):
 
-    core      zerompi.{step, layout, stages.*, collectives, comm, adam, model, layers, engine,
-              ledger, precision, memory}
-    layers    zerompi.overlap.*, zerompi.devices.*, zerompi.observe.*, zerompi.checkpoint.*
-    program   zerompi.train.* (the command line), and the package entry points
+    util      zerompi/util/*: helpers with no ZeRO in them
+    core      the modules directly in zerompi/, zerompi/stages/, zerompi/memory/: the ZeRO mainline
+    layer     zerompi/{LAYERS}/: ZeRO ideas a first reading can skip, each a folder
+    program   zerompi/train/ and every package's __main__: what an operator runs
 
-The rule checked besides acyclicity: nothing outside zerompi.train imports zerompi.train.
+The rules (`problems`), each broken one named with the import that breaks it:
+
+    util imports only util; the core imports only the core and util;
+    a layer imports the core, util, its own files, and of the layers BUILDS_ON lets it build
+        on only the public names (the package itself, its __init__), never their files;
+    nothing below the program imports the program; a __main__ outside zerompi/train/ is a door:
+        it imports only the program;
+    no cycle among the modules, nor among the folders (each top-level module counts as one, a
+        door as the program's).
 """
 import ast
 import os
@@ -20,6 +27,17 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "zerompi"
+CORE_FOLDERS = ("stages", "memory")
+# each layer, and the layers whose public names it may import
+BUILDS_ON = {
+    "checkpoint": (),
+    "devices": (),
+    "hierarchy": (),
+    "observe": (),
+    "overlap": ("observe",),          # the call sites --check-collectives names
+    "plan": ("hierarchy", "overlap"),  # the run's engine, on buffers that take no memory
+}
+LAYERS = tuple(BUILDS_ON)
 
 
 def modules():
@@ -92,13 +110,60 @@ def cycles(edges):
     return found
 
 
+def part_of(name):
+    """("util" | "core" | "layer" | "program", the folder or top-level module it is in)."""
+    parts = name.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    if top == "train" or parts[-1] == "__main__":
+        return "program", top
+    if top == "util":
+        return "util", top
+    if top in LAYERS:
+        return "layer", top
+    return "core", top
+
+
+def rule_broken(name, dep):
+    """Why `name` may not import `dep`, or None."""
+    (part, folder), (dep_part, dep_folder) = part_of(name), part_of(dep)
+    if part == "program":
+        if folder != "train" and dep_part != "program":
+            return "a __main__ outside zerompi/train/ is a door into the program"
+        return None
+    if dep_part == "program":
+        return "nothing below the program imports the program"
+    if part == "util":
+        return None if dep_part == "util" else "util imports only util"
+    if part == "core":
+        return None if dep_part in ("core", "util") else "the core imports only the core and util"
+    if dep_part in ("core", "util") or dep_folder == folder:
+        return None
+    if dep_folder not in BUILDS_ON[folder]:
+        return f"{folder}/ does not build on {dep_folder}/ (BUILDS_ON)"
+    if dep != f"{PACKAGE}.{dep_folder}":
+        return f"a layer imports another layer's public names ({PACKAGE}.{dep_folder}), not its files"
+    return None
+
+
+def folder_edges(edges):
+    """The graph between folders, each top-level module counting as one (a door counts as the
+    program's)."""
+    def folder(name):
+        return f"{PACKAGE}.train" if part_of(name)[0] == "program" else ".".join(name.split(".")[:2])
+    found = {}
+    for name, deps in edges.items():
+        found.setdefault(folder(name), set()).update(folder(d) for d in deps if folder(d) != folder(name))
+    return {k: sorted(v) for k, v in found.items()}
+
+
 def problems(edges):
     found = [f"import cycle: {' <-> '.join(c)}" for c in cycles(edges)]
-    program = f"{PACKAGE}.train"
-    for name, deps in edges.items():
-        if not (name == program or name.startswith(program + ".")):
-            found += [f"{name} imports the program ({dep})" for dep in deps
-                      if dep == program or dep.startswith(program + ".")]
+    found += [f"folder cycle: {' <-> '.join(c)}" for c in cycles(folder_edges(edges))]
+    for name, deps in sorted(edges.items()):
+        for dep in deps:
+            why = rule_broken(name, dep)
+            if why:
+                found.append(f"{name} imports {dep}: {why}")
     return found
 
 
@@ -114,7 +179,7 @@ def main(argv):
     for problem in found:
         print(f"import_graph: {problem}", file=sys.stderr)
     if not found:
-        print(f"import_graph: {len(edges)} modules, no cycles, nothing below the program imports it")
+        print(f"import_graph: {len(edges)} modules, no cycles, every import keeps the rules")
     return 1 if found else 0
 
 

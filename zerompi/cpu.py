@@ -31,7 +31,7 @@ from .precision import is_16bit
 def blas_threads(ranks_on_node, environ, cores):
     """BLAS threads for one rank: OMP_NUM_THREADS when set to a positive integer (its first entry),
     else the cores this process may run on divided by the ranks on its node, at least 1
-    (zerompi/train/launch.py checks the variable)."""
+    (zerompi/train/options/launch.py checks the variable)."""
     explicit = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if explicit.isascii() and explicit.isdigit() and int(explicit) > 0:
         return int(explicit)

@@ -17,7 +17,7 @@ work buffers) is allocated through `alloc`, by kind:
     activations                the forward/backward activation buffers of the local batch, the
                                loss's per-row work buffers and its (loss, correct) totals
 It does not count the dataset, the batch buffers the training program fills from it each step
-(zerompi/train/batches.py), the buffers of checkpoints, weight files and the end-of-run report, or
+(zerompi/train/loop/batches.py), the buffers of checkpoints, weight files and the end-of-run report, or
 the memory of Python, NumPy and MPI themselves: the OS-measured peak resident set size (getrusage),
 reported beside it, covers the whole process. No array is allocated or freed inside the training
 loop, so the live total is also the peak (tests/mpi/test_allocations_within_stage_bounds.py

@@ -32,7 +32,7 @@ class StepResult:
     grad_norm: float     # global L2 norm of the unscaled gradient, before clipping
     applied: bool        # False: the gradient or the loss was not finite, nothing was updated
     bad_layer: int = -1  # not applied: the first layer whose gradient is not finite (-1: none is)
-    local_loss_finite: bool = True   # this rank's part of the loss (for naming the rank, zerompi/train/run.py)
+    local_loss_finite: bool = True   # this rank's part of the loss (for naming the rank, zerompi/train/loop/run.py)
 
 
 def forward(engine, x):

@@ -27,7 +27,7 @@ RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on tho
                 the first collective                               (a signal while a peer is away)
     nodemap-stop  the chosen ranks stop just before the node map, MPI's first collective
 
-The training itself is the real one (zerompi.train.run.main, real MPI); the driver only wraps the
+The training itself is the real one (zerompi.train.loop.run.main, real MPI); the driver only wraps the
 step function, so every detection and report under test is zerompi's own.
 """
 import os
@@ -40,14 +40,14 @@ import numpy as np
 from mpi4py import MPI
 
 import zerompi.comm
-import zerompi.train.run
+import zerompi.train.loop.run
 
 fault, ranks, fault_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rank = MPI.COMM_WORLD.Get_rank()
 faulty = ranks == "all" or str(rank) in ranks.split(",")
-real_train_step = zerompi.train.run.train_step
-real_load_data = zerompi.train.run.load_data
-real_parse_args = zerompi.train.run.parse_args
+real_train_step = zerompi.train.loop.run.train_step
+real_load_data = zerompi.train.loop.run.load_data
+real_parse_args = zerompi.train.loop.run.parse_args
 real_node_of_rank = zerompi.comm.node_of_rank
 steps_done = 0
 
@@ -130,8 +130,8 @@ def faulty_train_step(engine, micro_batches, *args):
     return real_train_step(engine, micro_batches, *args)
 
 
-zerompi.train.run.train_step = faulty_train_step
-zerompi.train.run.load_data = load_data_blocked_by_a_signal
-zerompi.train.run.parse_args = parse_args_stalled_or_stopped
+zerompi.train.loop.run.train_step = faulty_train_step
+zerompi.train.loop.run.load_data = load_data_blocked_by_a_signal
+zerompi.train.loop.run.parse_args = parse_args_stalled_or_stopped
 zerompi.comm.node_of_rank = node_of_rank_stopped
-sys.exit(zerompi.train.run.main(sys.argv[4:]))
+sys.exit(zerompi.train.loop.run.main(sys.argv[4:]))

@@ -6,7 +6,7 @@
 
 On rank RANK, right after that rank has written its first shard file of step STEP's checkpoint,
 the process sends itself SIGKILL: the other ranks wait in the save's next agreement, the manifest
-is never written. The training is the real one (zerompi.train.run.main, real MPI); the driver only
+is never written. The training is the real one (zerompi.train.loop.run.main, real MPI); the driver only
 wraps zerompi.checkpoint.save.write_shard_file. Used by tests/test_checkpoint_cli.py and tests/test_slurm.py.
 `-c CODE` runs as python runs it (slurm/common.sh checks with it that zerompi imports).
 """
@@ -20,7 +20,7 @@ if sys.argv[1:2] == ["-c"]:
 from mpi4py import MPI  # noqa: E402
 
 import zerompi.checkpoint.save  # noqa: E402
-import zerompi.train.run  # noqa: E402
+import zerompi.train.loop.run  # noqa: E402
 from zerompi.checkpoint.files import step_folder_name  # noqa: E402
 
 rank, step = map(int, os.environ["ZEROMPI_KILL_DURING_SAVE"].split(":"))
@@ -39,4 +39,4 @@ def write_shard_file_then_die(path, dtype, segments):
 
 
 zerompi.checkpoint.save.write_shard_file = write_shard_file_then_die
-sys.exit(zerompi.train.run.main(args))
+sys.exit(zerompi.train.loop.run.main(args))

@@ -3,7 +3,7 @@
 
     mpiexec ... python tests/support/node_report.py
 
-Built as zerompi/train/run.py builds it: the device chosen before MPI starts (the launcher's local
+Built as zerompi/train/loop/run.py builds it: the device chosen before MPI starts (the launcher's local
 rank), the Communicator, its ranks_on_this_node(), and the BLAS threads from them. Rank 0 prints
 one line per rank, in rank order:
 

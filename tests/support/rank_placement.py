@@ -11,7 +11,7 @@ When zerompi has set its BLAS thread limit, just before training, each rank prin
 the node is MPI's processor name; the local rank is the one zerompi picks a GPU by
 (zerompi/devices/choice.py); the ranks on its node are zerompi's own count (Split_type); the BLAS
 threads are those threadpoolctl finds in effect under zerompi's limit. The training is the real one
-(zerompi.train.run.main, real MPI); the driver only wraps two calls to see what they returned.
+(zerompi.train.loop.run.main, real MPI); the driver only wraps two calls to see what they returned.
 Used by tests/test_slurm_multi_node.py. `-c CODE` runs as python runs it (slurm/common.sh checks
 with it that zerompi imports).
 """
@@ -26,7 +26,7 @@ from mpi4py import MPI  # noqa: E402
 from threadpoolctl import threadpool_info  # noqa: E402
 
 import zerompi.comm  # noqa: E402
-import zerompi.train.run  # noqa: E402
+import zerompi.train.loop.run  # noqa: E402
 from zerompi.devices.choice import local_rank  # noqa: E402
 
 args = sys.argv[1:]
@@ -34,7 +34,7 @@ if args[:2] == ["-m", "zerompi.train"]:
     args = args[2:]
 seen = {}
 real_ranks_on_this_node = zerompi.comm.Communicator.ranks_on_this_node
-real_threadpool_limits = zerompi.train.run.threadpool_limits
+real_threadpool_limits = zerompi.train.loop.run.threadpool_limits
 
 
 def ranks_on_this_node(self):
@@ -54,5 +54,5 @@ def threadpool_limits_then_report(limits):
 
 
 zerompi.comm.Communicator.ranks_on_this_node = ranks_on_this_node
-zerompi.train.run.threadpool_limits = threadpool_limits_then_report
-sys.exit(zerompi.train.run.main(args))
+zerompi.train.loop.run.threadpool_limits = threadpool_limits_then_report
+sys.exit(zerompi.train.loop.run.main(args))

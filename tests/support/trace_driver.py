@@ -9,10 +9,10 @@ import sys
 
 from mpi4py import MPI
 
-import zerompi.train.run
+import zerompi.train.loop.run
 
-real_start_trace = zerompi.train.run.start_trace
-real_train_step = zerompi.train.run.train_step
+real_start_trace = zerompi.train.loop.run.start_trace
+real_train_step = zerompi.train.loop.run.train_step
 tracers, most_held = [], [0]
 
 
@@ -27,10 +27,10 @@ def train_step(*args, **kwargs):
     return real_train_step(*args, **kwargs)
 
 
-zerompi.train.run.start_trace = start_trace
-zerompi.train.run.train_step = train_step
+zerompi.train.loop.run.start_trace = start_trace
+zerompi.train.loop.run.train_step = train_step
 try:
-    status = zerompi.train.run.main(sys.argv[1:])
+    status = zerompi.train.loop.run.main(sys.argv[1:])
 finally:
     print(f"rank {MPI.COMM_WORLD.Get_rank()} held at most {most_held[0]} trace events", flush=True)
 sys.exit(status)

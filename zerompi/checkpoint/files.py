@@ -1,7 +1,7 @@
 """Sharded checkpoints on disk: the folder layout and its names, and what may replace them.
 
     save_dir/
-      .lock                        "<host> <pid>": the run using this folder (zerompi/checkpoint/lock.py)
+      .lock                        "<host> <pid>": the run using this folder (zerompi/train/loop/lock.py)
       latest                       "step_00000300": the newest complete checkpoint (written last)
       step_00000300/
         manifest.json              what the rest holds (manifest.py); written after every shard file
@@ -31,7 +31,7 @@ from ..precision import BF16
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
-LOCK = ".lock"                 # "host pid" of the run using the save dir (zerompi/checkpoint/lock.py)
+LOCK = ".lock"                 # "host pid" of the run using the save dir (zerompi/train/loop/lock.py)
 PARTIAL = ".partial-"           # a save in progress, a killed one, or a checkpoint being removed
 BLOCK_BYTES = 1 << 20
 STEP_FOLDER = re.compile(r"step_(\d{8,})(?:\.([2-9]|[1-9]\d+))?", re.ASCII)

@@ -1,7 +1,7 @@
 """Saving a sharded checkpoint: every rank writes only what it owns; nothing is visible until complete.
 
     rank 0        create .partial-step_K/ (the run holds save_dir's lock:
-                  zerompi/checkpoint/lock.py)                                      -- all agree --
+                  zerompi/train/loop/lock.py)                                      -- all agree --
     every rank    write rank{r}.{kind}.npy for each kind of state it owns (the CRC-32 of
                   each block computed as it is written), fsync                      -- all agree --
     gather        the CRCs and data offsets to rank 0 (one buffer Gather)

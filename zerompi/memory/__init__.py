@@ -11,19 +11,14 @@ Notation
 Mixed-precision Adam: P=2, G=2 (fp16/bf16), K=12 (fp32 master copy, m, v).
 fp32 Adam: P=4, G=4, K=8 (m, v; the fp32 parameters are their own master copy).
 
-Model-state memory per rank, and communication per rank per step
-(in elements, ring collectives, where one ring all-reduce = reduce-scatter
-+ all-gather and each moves Ψ(N-1)/N elements per rank):
-
-    stage  partitioned        memory per rank        communication per step
-    -----  -----------------  ---------------------  ----------------------------
-      0    nothing            (P + G + K)Ψ           all-reduce grads:  2Ψ(N-1)/N
-      1    optimizer state    (P + G)Ψ + KΨ/N        reduce-scatter grads
-                                                     + all-gather params: 2Ψ(N-1)/N
-      2    + gradients        PΨ + (G + K)Ψ/N        same as stage 1:   2Ψ(N-1)/N
-      3    + parameters       (P + G + K)Ψ/N         all-gather params in forward,
-                                                     again in backward,
-                                                     reduce-scatter grads: 3Ψ(N-1)/N
+Model-state memory per rank: stage s partitions one more model state over the N ranks (1: the
+optimizer state K, 2: + the gradients G, 3: + the parameters P); what is partitioned costs 1/N,
+the rest is whole: stage 1 holds (P + G)Ψ + KΨ/N (model_state_bytes). Communication per rank per
+step, in elements, ring collectives (a reduce-scatter or all-gather of Ψ moves Ψ(N-1)/N per rank,
+an all-reduce, which is one of each, 2Ψ(N-1)/N): c Ψ(N-1)/N with c = 2, 2, 2, 3 passes over Ψ
+for stages 0-3 (comm_elements_per_step; stage 3 gathers the parameters for forward and again for
+backward). `python -m zerompi.memory --formulas` tabulates both for the four stages (README shows
+that table); STAGE_COLLECTIVES below says which collectives run when.
 
 Example (mixed precision, Ψ = 7.5e9, N = 64; ZeRO paper, Figure 1):
 120 GB, 31.4 GB, 16.6 GB and 1.9 GB per rank for stages 0 to 3.
@@ -97,7 +92,7 @@ elements of the gradients times G, of the parameters times P.
 
 Run `python -m zerompi.memory --params 7e9` for the per-rank table, and
 `python -m zerompi.memory --params 7e9 --ranks-per-node 8` for the variants on 1 to 16 nodes
-(zerompi/memory/table.py prints them).
+(zerompi/train/commands/memory_table.py prints them).
 """
 
 from dataclasses import dataclass
@@ -117,6 +112,17 @@ class BytesPerParam:
 
 MIXED_PRECISION = BytesPerParam(2, 2, 12)
 FP32 = BytesPerParam(4, 4, 8)
+
+# the collectives of each stage, and when they run (zerompi/stages/ runs them; `python -m
+# zerompi.memory --formulas` tabulates them beside the formulas below, and README shows that table)
+STAGE_COLLECTIVES = (
+    "all-reduce of the gradients after backward",
+    "reduce-scatter of the gradients after backward; all-gather of the parameters after the step",
+    "reduce-scatter of each layer's gradients as backward produces them; all-gather of the "
+    "parameters after the step",
+    "all-gather of a layer's parameters before its forward and again before its backward; "
+    "reduce-scatter of its gradients after its backward",
+)
 
 
 def _check(stage, num_params, num_ranks):

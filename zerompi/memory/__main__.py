@@ -1,5 +1,4 @@
-"""`python -m zerompi.memory`: the tables of zerompi/memory/table.py."""
-from ..util.pipes import until_reader_leaves
-from .table import main
+"""`python -m zerompi.memory`: a door into the program, zerompi/train/commands/memory_table.py."""
+from ..train.commands.memory_table import command
 
-raise SystemExit(until_reader_leaves(main) or 0)
+raise SystemExit(command())

@@ -14,7 +14,7 @@ forever: MPI collectives have no timeout. The watchdog gives them one.
         print which one and which rank waited, and MPI_Abort the job (exit status ExitCode.COLLECTIVE_TIMEOUT)
 
 The world's watchdog starts with the Communicator, at the limit read before MPI starts
-(zerompi/train/before_mpi.py), so that MPI's first collective is watched too; the limit may
+(zerompi/train/options/before_mpi.py), so that MPI's first collective is watched too; the limit may
 change later (Guards.turn_on: 0 leaves the thread idle).
 
 mpi4py releases the GIL inside MPI calls, so the thread runs while the main thread waits; mpi4py
@@ -24,7 +24,7 @@ Printed once: every waiting rank's watchdog would fire at about the same moment,
 `stagger(r)` seconds late: the lowest waiting rank prints, pauses REPORT_PAUSE_SECONDS (mpirun
 forwards output asynchronously, and an abort right after a print lost the line on a loaded
 machine) and aborts, and the abort ends the others before their turn (measured with mpirun: well
-under 0.5 s). The same stagger keeps a failure that hits every rank at once (zerompi/train/run.py
+under 0.5 s). The same stagger keeps a failure that hits every rank at once (zerompi/train/loop/run.py
 main) to one report.
 
 An announced failure always ends the job with its status: should the main thread finish the run

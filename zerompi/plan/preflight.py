@@ -35,17 +35,16 @@ ranks on which stage 3 would fit, as many rows per rank:
 
 The run then exits BAD_INPUT (2) before building its engine: no parameter, gradient, optimizer
 state or work buffer is allocated. Not counted: the dataset (checked when it is read,
-zerompi/train/data.py) and what Python, NumPy, BLAS and MPI map before the preflight (in what
+zerompi/train/loop/data.py) and what Python, NumPy, BLAS and MPI map before the preflight (in what
 the process maps already).
 """
 import resource
 from dataclasses import replace
 
 from ..hierarchy import FLAT
-from ..util.inputs import format_bytes
 from ..memory import MOST_RANKS               # how far the search for the fewest ranks that fit goes
 from ..model import INIT_CHUNK
-from ..util.words import counted
+from ..util.words import counted, format_bytes
 from . import plan_run
 
 RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, beside MPI's scratch

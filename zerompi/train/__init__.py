@@ -1,16 +1,16 @@
-"""The command-line program around the ZeRO core: `mpirun -n N python -m zerompi.train`.
+"""The program: `mpirun -n N python -m zerompi.train` and the commands beside it, around the
+reference (the ZeRO core and its layers, which import nothing from here).
 
-    run.py           setup, the training loop, the finish (held-out accuracy, weights, report)
-    config.py        TrainConfig, its command line and its checks; config_files.py: TOML and
-                     DeepSpeed JSON; environment.py: the variables read; version.py: --version
-    batch_rule.py    the batch sizes: G = b x M x N  output_paths.py no output overwrites an input
-    errors.py        ArgumentError: a bad command line, one line
-    data.py          data sets (the shipped digits in datasets/, synthetic, .npz) and batch order
-    batches.py       this rank's rows of each micro-batch, gathered on the device
-    schedule.py      learning-rate schedule           loss_scale.py   fp16 dynamic loss scaling
-    divergence.py    the stop on a diverged run       launch.py       launcher and thread checks
-    progress.py      the progress line                status_line.py  the live progress line (tqdm)
-    destination.py   where --progress auto draws it   tensorboard.py  --tensorboard event files
-    metrics.py       per-step records, JSON lines     report.py       the end-of-run ledger report
-    signals.py       SIGINT, SIGTERM, SIGUSR1: a checkpoint and exit, or the end of the run
+Grouped by the question a reader brings:
+
+    options/    what was asked: the command line, config files (TOML, DeepSpeed JSON), the
+                batch rule, the checks, the RunShape a run and its plan share, ranks that agree
+    loop/       the run and its policies: run.py (setup, loop, finish), the data and the batches
+                of each step, the learning-rate schedule, loss scaling, divergence, signals,
+                when checkpoints are written and which one a run resumes, the --save-dir lock
+    outputs/    what a run prints and writes: the header, progress and the live line, per-step
+                metrics and TensorBoard, the end-of-run report
+    commands/   the other commands: --dry-run, `python -m zerompi.plan` (cost model,
+                calibration), `python -m zerompi.memory`, `python -m zerompi.checkpoint`
+    datasets/   the shipped digits
 """

@@ -14,7 +14,7 @@ so a job script can branch on mpirun's status:
                             is set (none when the parameters are not finite)
     PREEMPTED            4  SIGTERM/SIGUSR1/SIGINT during training with --save-dir: every rank
                             finished the step and the checkpoint is in --save-dir; run again with
-                            --resume (zerompi/train/signals.py)
+                            --resume (zerompi/train/loop/signals.py)
     COLLECTIVE_MISMATCH  5  --check-collectives: the ranks disagreed on a collective
                             (zerompi/observe/collective_check.py)
     COLLECTIVE_TIMEOUT   6  a collective waited past --collective-timeout: the watchdog ended
@@ -25,7 +25,7 @@ so a job script can branch on mpirun's status:
                             (checkpoints whole: each is written to a temporary name first)
     INTERRUPTED        130  a signal ended the run at once, without a checkpoint: SIGINT, SIGTERM
                             or SIGUSR1 outside the training loop, SIGINT or SIGTERM in it without
-                            --save-dir, or a second SIGINT (zerompi/train/signals.py); 130 is the
+                            --save-dir, or a second SIGINT (zerompi/train/loop/signals.py); 130 is the
                             shell's status of a program ended by Ctrl-C
 
 An IntEnum is an int: `raise SystemExit(ExitCode.DIVERGED)` exits with status 3, and
@@ -46,7 +46,7 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
-# one line each, for --help (zerompi/train/config.py)
+# one line each, for --help (zerompi/train/options/config.py)
 EXIT_MEANINGS = {
     ExitCode.OK: "the run finished",
     ExitCode.FAILED: "an unexpected failure (a bug, an MPI error): traceback",

@@ -32,6 +32,8 @@ import os
 import resource
 import stat
 
+from .words import format_bytes
+
 FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -142,13 +144,6 @@ def check_fits(nbytes, what, error, ranks_on_node=1):
     if available is not None and nbytes > available:
         raise error(f"{what} needs {format_bytes(nbytes)}, more than the {format_bytes(available)} "
                     f"this process can still allocate")
-
-
-def format_bytes(n):
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
 
 
 def _read_text(path):

@@ -29,7 +29,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .inputs import format_bytes, open_regular
+from .inputs import open_regular
+from .words import format_bytes
 
 DEFLATE_MAX_RATIO = 1032
 EXPANSION = {zipfile.ZIP_STORED: ("stored", 1), zipfile.ZIP_DEFLATED: ("deflated", DEFLATE_MAX_RATIO)}

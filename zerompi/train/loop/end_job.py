@@ -1,0 +1,30 @@
+"""How a rank ends the whole job at once: one line from the lowest rank that fails, then MPI_Abort.
+
+Several ranks failing at once (a bad file on every node, a signal to the whole job) must print one
+line, not N: rank r waits stagger(r) seconds before it reports (zerompi/observe/watchdog.py), so
+the lowest reports first and its abort ends the rest before they speak. The abort skips atexit,
+which would release --save-dir's lock: it is released at the last moment instead.
+"""
+import time
+
+from .lock import release_locks
+from ...mpi import abort_job
+from ...util.inputs import printable
+from ...observe.watchdog import MAX_STAGGER_SECONDS, await_announced_abort, report_then_abort, stagger
+
+
+def end_job(rank, line, exit_code, standing_by=False, before=""):
+    """End every rank with exit_code and one line (after `before`, a traceback), from the lowest
+    rank that fails: rank r waits stagger(r) seconds first (several ranks failing at once: the
+    lowest reports, its abort ends the rest). standing_by: the signal watcher, whose main thread
+    waits in MPI: a rank but the lowest also gives the lowest one's abort MAX_STAGGER_SECONDS to
+    come first. Never returns."""
+    time.sleep(stagger(rank) + (MAX_STAGGER_SECONDS if standing_by and rank else 0))
+    report_then_abort(before + printable(line), abort_releasing_locks, exit_code)
+    await_announced_abort()                # another thread announced first: its abort ends this process
+
+
+def abort_releasing_locks(exit_code):
+    """MPI_Abort skips atexit, which would release --save-dir's lock: release it at the last moment."""
+    release_locks()
+    abort_job(exit_code)

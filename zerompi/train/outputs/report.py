@@ -1,0 +1,157 @@
+"""The end-of-run report: each rank's measured memory and communication beside the formulas.
+
+Measured (from zerompi/ledger.py): bytes of every buffer allocated, by kind; the OS peak RSS; the
+ring volume of every collective, counted from the buffer handed to MPI (elements, and bytes: 16-bit
+gradients are reduced in float32, so their bytes are 4 per element).
+Formulas: zerompi.memory's (`python -m zerompi.memory --formulas` tabulates them), with P, G, K
+from zerompi/precision.py (float32: 4, 4, 8 as m and v; float64: 8, 8, 16; bf16 and fp16: 2, 2, 12
+as the fp32 master, m and v); communication c Psi (N-1)/N elements, c the step's passes over Psi.
+
+Each formula is shown twice: at Psi (the model's parameter count) and at Psi_pad (each layer padded
+to a multiple of N, what the buffers really hold). Measured equals the Psi_pad column exactly;
+the difference from the Psi column is the padding, at most N-1 elements per layer.
+
+Intra- and inter-node: the ring volume split by the ledger's ring model (zerompi/ledger.py):
+each rank sends its whole ring volume to its successor in the ring, inter-node when that rank is
+on another node. Formula (zerompi.memory.ring_traffic over the step's rings), with V the comm
+formula above, flat ZeRO:
+
+    inter-node per rank per step   V if rank r+1 mod N is on another node, else 0
+    intra-node                     V - inter-node
+    summed over ranks              k V on k > 1 nodes with the ranks in blocks (the ring leaves
+                                   each node once per collective)
+
+Hybrid sharding and hpZ (zerompi/hierarchy/): the same rule over each of their rings (the shard
+groups, the replica groups, the nodes), and the memory formula of the variant (zerompi.memory).
+
+Rank 0 gathers every rank's numbers with one buffer Gather and prints a table or JSON.
+"""
+import json
+
+import numpy as np
+
+from ...ledger import MEMORY_KINDS
+from ...memory import comm_elements_per_step, ring_traffic
+from ...util.words import counted, format_bytes
+
+COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
+                          "grads_intra_node_bytes", "grads_inter_node_bytes", "params_intra_node_bytes",
+                          "params_inter_node_bytes", "intra_node_elements", "inter_node_elements")
+
+
+def rank_numbers(engine, train_comm, steps):
+    """This rank's measured numbers, per step for communication. train_comm: the CommLedger
+    totals of the training steps only, as {purpose: (calls, bytes, elements, seconds, inter-node
+    bytes, inter-node elements)}."""
+    memory = engine.memory
+    steps = max(steps, 1)                  # a resumed run with no steps left moved nothing
+    grads, params = train_comm["grads"], train_comm["params"]
+    inter_elements = grads[5] + params[5]
+    return np.array([memory.bytes_by_kind[k] for k in MEMORY_KINDS] +
+                    [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps, (grads[1] + params[1]) / steps,
+                     (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps,
+                     (grads[1] - grads[4]) / steps, grads[4] / steps, (params[1] - params[4]) / steps,
+                     params[4] / steps, (grads[2] + params[2] - inter_elements) / steps, inter_elements / steps],
+                    dtype=np.float64)
+
+
+def build_report(engine, train_comm, steps, stage, micro_batches, grouping):
+    """Collective. On rank 0: a dict with every rank's numbers and the formulas; None elsewhere."""
+    comm, layout = engine.comm, engine.layout
+    mine = rank_numbers(engine, train_comm, steps)
+    everyone = np.zeros((comm.size, mine.size)) if comm.rank == 0 else None
+    comm.gather_to_root(mine, everyone)
+    if comm.rank != 0:
+        return None
+    bytes_per_param = engine.stage.precision.bytes_per_param()
+    n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
+    # [intra-node, inter-node] elements of each rank per step, and their sum (the same on every rank)
+    split = [node_split(grouping.ring_collectives(stage, num, n, micro_batches), comm.node_of_rank)
+             for num in (psi, psi_pad)]
+    return {
+        "stage": stage, "ranks": n, "steps": steps, "dtype": engine.stage.precision.name,
+        "grouping": grouping.describe(stage, n), "shard_group": grouping.shard_group or n,
+        "hpz_ranks_per_node": grouping.hpz_node_size,
+        "psi": psi, "psi_padded": psi_pad, "bytes_per_param": bytes_per_param.__dict__,
+        "memory_formula_bytes": grouping.model_state_bytes(stage, psi, n, bytes_per_param),
+        "memory_formula_padded_bytes": grouping.model_state_bytes(stage, psi_pad, n, bytes_per_param),
+        "micro_batches": micro_batches,
+        "comm_formula_elements_per_step": sum(split[0][0]),
+        "comm_formula_padded_elements_per_step": sum(split[1][0]),
+        "nodes": len(set(comm.node_of_rank)), "node_of_rank": list(comm.node_of_rank),
+        "comm_formula_node_elements_per_step": split[0],
+        "comm_formula_padded_node_elements_per_step": split[1],
+        "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
+    }
+
+
+def node_split(collectives, node_of_rank):
+    """[[intra-node, inter-node] elements of each rank per step] in the ring model."""
+    return [[sum(t["intra"].values()), sum(t["inter"].values())] for t in ring_traffic(collectives, node_of_rank)]
+
+
+def format_table(report):
+    r = report
+    b = r["bytes_per_param"]
+    m = r["micro_batches"]
+    passes = comm_elements_per_step(r["stage"], 2, 2, m)          # Psi (N-1)/N is 1 at Psi = N = 2
+    comm_name = f"{passes:g} Psi (N-1)/N"
+    if r["shard_group"] != r["ranks"] or r["hpz_ranks_per_node"]:     # zerompi/hierarchy/
+        comm_name = "of the groups' rings (zerompi.memory.ring_traffic)"
+    if m > 1:
+        comm_name += f", M = {m} micro-batches"
+    lines = [
+        f"{r['grouping']}, {r['dtype']}, Psi = {r['psi']:,} parameters"
+        f" ({r['psi_padded']:,} padded), P={b['param']:g} G={b['grad']:g} K={b['optimizer']:g} bytes/param",
+        "",
+        "Memory per rank, measured from the allocated buffers (model state = params + grads + optimizer)",
+        f"{'rank':>4} {'params':>11} {'grads':>11} {'optimizer':>11} {'model state':>12} "
+        f"{'formula':>11} {'work':>11} {'activations':>11} {'peak RSS':>10}",
+    ]
+    formula = r["memory_formula_bytes"]["total"]
+    for rank, row in enumerate(r["per_rank"]):
+        state = row["params"] + row["grads"] + row["optimizer"]
+        lines.append(f"{rank:>4} {format_bytes(row['params']):>11} {format_bytes(row['grads']):>11} {format_bytes(row['optimizer']):>11} "
+                     f"{format_bytes(state):>12} {format_bytes(formula):>11} {format_bytes(row['work']):>11} "
+                     f"{format_bytes(row['activations']):>11} {format_bytes(row['peak_rss']):>10}")
+    padded = r["memory_formula_padded_bytes"]["total"]
+    lines += [f"     formula at Psi_pad: {padded:,.0f} B; at Psi: {formula:,.0f} B (difference = padding)", "",
+              "Communication per rank per training step (ring volume counted from each call's buffer, elements)",
+              f"{'rank':>4} {'grads':>12} {'params':>12} {'total':>12} {'formula':>12} {'bytes':>10} {'calls':>6}"
+              f" {'MPI time':>10}"]
+    comm_formula = r["comm_formula_elements_per_step"]
+    for rank, row in enumerate(r["per_rank"]):
+        total = row["grads_elements"] + row["params_elements"]
+        lines.append(f"{rank:>4} {row['grads_elements']:>12,.0f} {row['params_elements']:>12,.0f} {total:>12,.0f} "
+                     f"{comm_formula:>12,.0f} {format_bytes(row['comm_bytes']):>10} {row['calls']:>6.0f}"
+                     f" {row['comm_seconds'] * 1e3:>8.2f}ms")
+    lines.append(f"     formula {comm_name}: {comm_formula:,.0f} at Psi, "
+                 f"{r['comm_formula_padded_elements_per_step']:,.0f} at Psi_pad")
+    if b["param"] == 2:
+        lines.append("     bytes: 16-bit gradients are summed in float32 (4 bytes per element), parameters "
+                     "gathered as 16-bit words (2)")
+    lines += ["", *format_node_split(r)]
+    return "\n".join(lines)
+
+
+def format_node_split(report):
+    """The communication table's ring volume split into intra- and inter-node, per rank per step."""
+    r = report
+    nodes = counted(r['nodes'], "node")
+    lines = [f"Intra- and inter-node communication per rank per training step, {nodes} (ring model, bytes)",
+             f"{'rank':>4} {'node':>4} {'grads intra':>12} {'grads inter':>12} {'params intra':>12} "
+             f"{'params inter':>12} {'inter elements':>14} {'formula':>12}"]
+    formula = r["comm_formula_node_elements_per_step"]
+    for rank, row in enumerate(r["per_rank"]):
+        lines.append(f"{rank:>4} {r['node_of_rank'][rank]:>4} {format_bytes(row['grads_intra_node_bytes']):>12} "
+                     f"{format_bytes(row['grads_inter_node_bytes']):>12} {format_bytes(row['params_intra_node_bytes']):>12} "
+                     f"{format_bytes(row['params_inter_node_bytes']):>12} {row['inter_node_elements']:>14,.0f} "
+                     f"{formula[rank][1]:>12,.0f}")
+    padded = sum(inter for _, inter in r["comm_formula_padded_node_elements_per_step"])
+    lines.append(f"     formula: a rank's ring volume when its successor is on another node; all ranks: "
+                 f"{sum(inter for _, inter in formula):,.0f} at Psi, {padded:,.0f} at Psi_pad")
+    return lines
+
+
+def format_json(report):
+    return json.dumps(report, indent=1)
