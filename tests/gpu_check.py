@@ -225,8 +225,8 @@ def device_ops_correctness(device, report):
     from device_ops import run_layer_ops
     ok = True
     for dtype_name in ("float64", "float32", "fp16", "bf16"):
-        if check_device(device, dtype_name, "mpi", 1):
-            report(f"  device ops {dtype_name}: skipped, {check_device(device, dtype_name, 'mpi', 1)}")
+        if check_device(device, precision_for(dtype_name), False, 1):
+            report(f"  device ops {dtype_name}: skipped, {check_device(device, precision_for(dtype_name), False, 1)}")
             continue
         precision = precision_for(dtype_name)
         storage, compute = precision.storage, precision.compute
@@ -355,7 +355,7 @@ def main():
     from zerompi.precision import precision_for
     for dtype_name in ("float32", "fp16", "bf16"):
         operand = precision_for(dtype_name).storage              # what the step's GEMMs read
-        cannot = check_device(device, dtype_name, "mpi", 1)
+        cannot = check_device(device, precision_for(dtype_name), False, 1)
         if cannot:
             report(f"  step {dtype_name:>7}: skipped, {cannot}")
             continue

@@ -17,6 +17,7 @@ from zerompi.devices.choice import check_device, local_rank, select_device
 from zerompi.cpu import CPU
 from zerompi.device import to_numpy
 from zerompi.devices.gpu import GPU
+from zerompi.precision import precision_for
 
 
 def fake_cupy(count, raise_on_count=None):
@@ -125,12 +126,13 @@ def test_the_gpu_is_chosen_before_mpi_starts():
 
 
 def test_device_checks(monkeypatch):
-    assert check_device(CPU(), "float32", "mpi", 1) is None
-    assert "needs a GPU" in check_device(CPU(), "float32", "nccl", 1)
+    fp32 = precision_for("float32")
+    assert check_device(CPU(), fp32, False, 1) is None
+    assert "needs a GPU" in check_device(CPU(), fp32, True, 1)
     gpu = types.SimpleNamespace(is_gpu=True, count=1)
     monkeypatch.setattr("zerompi.devices.choice.nccl_available", lambda: True)
-    assert check_device(gpu, "float32", "nccl", 1) is None
-    assert "NCCL needs a GPU per rank" in check_device(gpu, "float32", "nccl", 2)
+    assert check_device(gpu, fp32, True, 1) is None
+    assert "NCCL needs a GPU per rank" in check_device(gpu, fp32, True, 2)
 
 
 def test_a_dtype_alias_is_one_name_from_the_parse_on():
@@ -145,8 +147,8 @@ def test_a_dtype_alias_is_one_name_from_the_parse_on():
             raise TypeError("no bfloat16 here")
     for alias, name in (("bfloat16", "bf16"), ("float16", "fp16"), ("fp32", "float32"), ("fp64", "float64")):
         assert parse_args(["--dtype", alias]).dtype == name
-    assert "this CuPy has no bfloat16 arrays" in check_device(NoBfloat16(), parse_args(["--dtype", "bfloat16"]).dtype,
-                                                              "mpi", 1)
+    assert "this CuPy has no bfloat16 arrays" in check_device(NoBfloat16(), parse_args(["--dtype", "bfloat16"]).precision,
+                                                              False, 1)
 
 
 def test_to_numpy_on_the_cpu_is_the_array_itself():

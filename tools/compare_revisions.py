@@ -13,10 +13,13 @@ once per revision), OMP_NUM_THREADS=1 (BLAS threads do not depend on the machine
 its own session, killed as a process group after RUN_TIMEOUT_S. The matrix:
 
     stage {0,1,2,3} x N ranks {1,2,3} x dtype {float32,bf16,fp16} x overlap {off,on} x grad-accum {1,2}
-    = 144 runs per revision; --quick: N {2,3}, dtype {float32,bf16}, grad-accum 2 only = 32 runs.
+    = 144 runs, and beside them (EXTRA): float64 the same way (48 runs), hybrid sharding
+    (--shard-group 2 at N = 4, stages 1-3) and hpZ (--hpz at N = 4, stage 3) for every dtype and
+    grad-accum (32 runs): 224 runs per revision. --quick: N {2,3}, dtype {float32,bf16},
+    grad-accum 2 only, and one hybrid and one hpZ run per stage = 36 runs.
 
 Every run: --hidden 13,7 (odd sizes; the shipped `digits` data has 64 features, 10 classes),
---batch-size 12 (divisible by N * grad-accum), --steps 4 (--steps), --lr 1e-2, --bucket-mb 0.001
+--batch-size 12 (16 at N = 4: divisible by N * grad-accum), --steps 4 (--steps), --lr 1e-2, --bucket-mb 0.001
 (stages 0-1 reduce in several buckets), --device cpu, no logging, --save-weights OUT.npz.
 
 Two configurations are identical when both .npz files hold the same array names and every array has
@@ -87,6 +90,7 @@ FLAG_SPELLINGS = {
     "overlap": [("--no-overlap", lambda on: ["--overlap" if on else "--no-overlap"]),      # refactor
                 ("--overlap", lambda on: ["--overlap", "on" if on else "off"])],           # d7b5234
     "grad_accum": [value_flag("--grad-accum")],
+    "hpz": [("--hpz", lambda on: ["--hpz"])],
 }
 
 
@@ -122,23 +126,41 @@ class Config:
     overlap: bool
     grad_accum: int
     steps: int
+    shard_group: int = 0      # hybrid sharding's S (0: flat)
+    hpz: bool = False
 
     @property
     def name(self):
+        grouping = f"-shard{self.shard_group}" if self.shard_group else "-hpz" if self.hpz else ""
         return (f"stage{self.stage}-n{self.ranks}-{self.dtype}-overlap_{'on' if self.overlap else 'off'}"
-                f"-ga{self.grad_accum}-steps{self.steps}")
+                f"-ga{self.grad_accum}-steps{self.steps}{grouping}")
 
     def options(self):
         """Every training option of this run except --save-weights, by option name."""
+        grouping = dict(shard_group=self.shard_group) if self.shard_group else dict(hpz=True) if self.hpz else {}
+        batch = dict(batch_size=16) if self.ranks == 4 else {}          # divisible by 4 x grad-accum
         return dict(BASE_OPTIONS, stage=self.stage, dtype=self.dtype, overlap=self.overlap,
-                    grad_accum=self.grad_accum, steps=self.steps)
+                    grad_accum=self.grad_accum, steps=self.steps, **grouping, **batch)
 
 
 def config_matrix(quick, steps):
     ranks = QUICK["ranks"] if quick else RANKS
     dtypes = QUICK["dtypes"] if quick else DTYPES
     grad_accums = QUICK["grad_accums"] if quick else GRAD_ACCUMS
-    return [Config(*values, steps) for values in itertools.product(STAGES, ranks, dtypes, OVERLAPS, grad_accums)]
+    configs = [Config(*values, steps) for values in itertools.product(STAGES, ranks, dtypes, OVERLAPS, grad_accums)]
+    return configs + extra_configs(quick, steps)
+
+
+def extra_configs(quick, steps):
+    """float64 as the matrix runs the others; hybrid sharding and hpZ on 4 ranks (EXTRA)."""
+    dtypes = QUICK["dtypes"][:1] if quick else DTYPES + ("float64",)
+    grad_accums = QUICK["grad_accums"] if quick else GRAD_ACCUMS
+    wide = [] if quick else [Config(*values, steps) for values in
+                             itertools.product(STAGES, RANKS, ("float64",), OVERLAPS, GRAD_ACCUMS)]
+    hybrid = [Config(stage, 4, dtype, False, accum, steps, shard_group=2)
+              for stage, dtype, accum in itertools.product((1, 2, 3), dtypes, grad_accums)]
+    hpz = [Config(3, 4, dtype, False, accum, steps, hpz=True) for dtype, accum in itertools.product(dtypes, grad_accums)]
+    return wide + hybrid + hpz
 
 
 # ---- revisions -------------------------------------------------------------------------------------
@@ -323,7 +345,7 @@ def train_revision(revision, configs, jobs, scratch, groups):
     if revision.sha:
         export_revision(revision, scratch)
     print(f"{revision.label}: zerompi imported from {check_import(revision.folder)}", flush=True)
-    spellings = detect_spellings(help_text(revision.folder), pending[0].options())
+    spellings = detect_spellings(help_text(revision.folder), {o for c in pending for o in c.options()})
     outputs = Path(tempfile.mkdtemp(prefix="weights-", dir=scratch))
     start, done = time.monotonic(), 0
     pool = ThreadPoolExecutor(max_workers=jobs)
@@ -395,7 +417,7 @@ def judge(result_a, result_b):
 
 def print_table(configs, verdicts):
     """identical/total per stage x dtype; a '!' marks a cell with a difference or failure."""
-    dtypes = sorted({c.dtype for c in configs}, key=DTYPES.index)
+    dtypes = sorted({c.dtype for c in configs}, key=(DTYPES + ("float64",)).index)
     print("stage  " + "".join(f"{d:>10}" for d in dtypes))
     for stage in STAGES:
         cells = []

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..mpi import first_number
 from ..cpu import CPU
+from ..precision import BF16
 from .gpu import GPU
 
 DEVICE_CHOICES = ("auto", "cpu", "gpu")
@@ -57,17 +58,17 @@ def select_device(choice, environ):
     return GPU(cupy, local_rank(environ) % count, count), None
 
 
-def check_device(device, dtype_name, comm_backend, ranks_on_node):
-    """What the chosen device cannot do for this run, as a one-line message, or None."""
-    if comm_backend == "nccl" and not device.is_gpu:
+def check_device(device, precision, nccl, ranks_on_node):
+    """What the chosen device cannot do for this run (precision: zerompi/precision.py's; nccl:
+    whether the training collectives run on NCCL), as a one-line message, or None."""
+    if nccl and not device.is_gpu:
         return "--comm nccl needs a GPU, and this run has none (see --device)"
-    if comm_backend == "nccl" and not nccl_available():
+    if nccl and not nccl_available():
         return "--comm nccl: CuPy finds no NCCL library (pip install nvidia-nccl-cu12, or use --comm mpi)"
-    if comm_backend == "nccl" and ranks_on_node > device.count:
+    if nccl and ranks_on_node > device.count:
         return (f"--comm nccl: {ranks_on_node} ranks on this node but {device.count} GPU(s): NCCL needs a "
                 f"GPU per rank (use --comm mpi to share GPUs)")
-    if device.is_gpu and dtype_name == "bf16":
-        from ..precision import BF16
+    if device.is_gpu and precision.storage == BF16:
         try:
             device.zeros(2, BF16).astype(np.float32)     # a kernel on bfloat16, not only a memset
         except Exception:

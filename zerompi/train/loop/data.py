@@ -23,7 +23,6 @@ import numpy as np
 
 from ...util.inputs import check_fits
 from ...util.npz_members import declared, open_npz, read
-from ...precision import precision_for
 from ...util.words import counted
 
 
@@ -229,7 +228,7 @@ def load_data(cfg, ranks_on_node=1):
         elif cfg.data == "synthetic":
             data = make_synthetic(cfg.seed)
         else:
-            data = load_npz(cfg.data, precision_for(cfg.dtype).compute, ranks_on_node)
+            data = load_npz(cfg.data, cfg.precision.compute, ranks_on_node)
     except DataError as e:
         return None, str(e)
     if not cfg.classes and data.num_classes > MAX_INFERRED_CLASSES:

@@ -62,7 +62,6 @@ from ...observe.trace import Tracer, create_trace_file
 from ...observe.watchdog import await_announced_abort
 from ...plan.preflight import preflight_error
 from ...plan import RunShape
-from ...precision import precision_for
 from ...step import count_correct, train_step
 from ..options.agreement import agree, data_fields, run_fields, start_fields
 from .batches import MicroBatches
@@ -364,10 +363,10 @@ def main(argv=None):
         agree(comm, run_fields(cfg, device), out)         # every rank runs the same training (agreement.py)
         comm.check_all(check_config(cfg, comm.size))
         comm.check_all(grouping_error(cfg, comm.size))
-        comm.check_all(loss_scale_error(precision_for(cfg.dtype).storage == np.float16, cfg.loss_scale,
+        comm.check_all(loss_scale_error(cfg.precision.storage == np.float16, cfg.loss_scale,
                                         cfg.min_loss_scale))
         ranks_on_node = comm.ranks_on_this_node()
-        comm.check_all(device_error or check_device(device, cfg.dtype, cfg.comm, ranks_on_node))
+        comm.check_all(device_error or check_device(device, cfg.precision, cfg.comm == "nccl", ranks_on_node))
         if cfg.comm == "nccl":                  # the same ranks, training traffic on NCCL, its own watchdog
             comm.guards.turn_on(collective_timeout=0.0)
             comm = NcclCommunicator(comm.mpi, device, guards_for(comm.mpi, collective_timeout=cfg.collective_timeout))

@@ -17,6 +17,8 @@ import argparse
 import textwrap
 from dataclasses import dataclass, field, fields
 
+import numpy as np
+
 from .batch_rule import DEFAULT_MICRO_BATCH, resolve_batch
 from .config_checks import check_config
 from .config_files import CommandLine, ConfigFileError, flags_from_file
@@ -25,7 +27,7 @@ from .errors import ArgumentError
 from .version import version_text
 from ...devices.choice import DEVICE_CHOICES
 from ...util.exit_codes import EXIT_MEANINGS, ExitCode
-from ...precision import DTYPE_NAMES
+from ...precision import DTYPE_NAMES, precision_for
 from ..loop.schedule import SCHEDULES
 from ..loop.loss_scale import loss_scale_error
 
@@ -143,6 +145,12 @@ class TrainConfig:
                               "the tensorboard extra; zerompi/train/outputs/tensorboard.py)", OUTPUT, metavar="DIR")
     trace: str = option("", "write every rank's compute and communication spans to this Chrome trace .json "
                         "file (open it in https://ui.perfetto.dev)", OUTPUT, metavar="FILE")
+
+    @property
+    def precision(self):
+        """--dtype resolved: zerompi/precision.py's Precision, what the reference is handed (the
+        name itself, one canonical spelling after parse_args, is for the lines a run prints)."""
+        return precision_for(self.dtype)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -329,7 +337,7 @@ def parse_args(argv, rank=0, num_ranks=1):
     cfg.dtype = next(shown for shown in DTYPE_SHOWN if DTYPE_NAMES[shown] == DTYPE_NAMES[cfg.dtype])   # one name
     cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum = resolve_batch(
         cfg.batch_size, cfg.micro_batch_size, cfg.grad_accum, num_ranks)
-    error = (check_config(cfg, num_ranks) or loss_scale_error(DTYPE_NAMES[cfg.dtype] == "float16", cfg.loss_scale,
+    error = (check_config(cfg, num_ranks) or loss_scale_error(cfg.precision.storage == np.float16, cfg.loss_scale,
                                                              cfg.min_loss_scale)) if keys else None
     flag = error and error.split()[0]
     if flag in keys and flag not in _given(argv):        # the file's value, not the command line's

@@ -17,7 +17,6 @@ import math
 
 import numpy as np
 
-from ...precision import precision_for
 from .output_paths import output_overwrites_input
 
 
@@ -79,7 +78,7 @@ def check_config(cfg, num_ranks):
 def vanishing_value_error(cfg):
     """One line naming the value and why the update loses it, or None."""
     with np.errstate(over="ignore"):                         # a huge value rounds to inf: it vanishes not
-        return _vanishing(cfg, precision_for(cfg.dtype).compute)   # (compute: where Adam's arithmetic runs)
+        return _vanishing(cfg, cfg.precision.compute)   # (compute: where Adam's arithmetic runs)
 
 
 def _vanishing(cfg, compute):

@@ -5,7 +5,6 @@ nothing sees a flag or a dtype's name.
 """
 from ...overlap import OverlapConfig
 from ...plan import RunShape
-from ...precision import precision_for
 
 
 def overlap_config(cfg):
@@ -14,6 +13,6 @@ def overlap_config(cfg):
 
 def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None):
     """What the run's memory and collectives depend on (RunShape, zerompi/plan/__init__.py)."""
-    return RunShape(tuple(sizes), cfg.stage, precision_for(cfg.dtype), cfg.micro_batch_size, num_ranks,
+    return RunShape(tuple(sizes), cfg.stage, cfg.precision, cfg.micro_batch_size, num_ranks,
                     cfg.grad_accum, grouping, overlap_config(cfg), node_of_rank, bool(cfg.init_weights or cfg.resume),
                     cfg.collective_timeout > 0)
