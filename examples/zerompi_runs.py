@@ -7,7 +7,7 @@
     save_figure(fig, out, data)  -> the PNG at out (its folder created), FIGURE_DPI dots per inch,
                                     and beside it OUT.json: the command, the date, the data drawn
     same_data(a, b)              -> the figures' data files agree (each number within the
-                                    tolerance its file gives; tests/test_doc_commands.py)
+                                    tolerance its file gives; tests/repository/test_doc_commands.py)
 
 Figures go by default to runs/figures/ under the current folder (git ignores /runs/ at the top of
 a checkout), never over the tracked docs/figures/: those are redrawn on purpose with

@@ -1,5 +1,21 @@
-"""Fixtures shared by the single-process tests."""
+"""Fixtures shared by the tests, and the multi-rank harness.
+
+Tests are grouped by what they prove (tests/proofs/: what README's "What is proven" cites, with the
+oracle, reference.py), the rest as the package's parts (tests/reference/, tests/program/), and
+tests/repository/ for the repository itself. A multi-rank test is one marked
+`@pytest.mark.mpi(min_size=K)` (pytest-mpi), wherever it lives: tests/run_all.py runs
+`mpirun -n N python tests/support/mpi_launch.py --with-mpi -m mpi tests` for each N; a plain
+`pytest tests` skips them.
+
+Under --with-mpi, a failing assert on one rank would leave the others waiting in their next
+collective forever. So when a test fails on any rank, that rank prints its report and calls
+MPI_Abort, which ends every rank of the job at once with a non-zero exit code: a failure, never
+a hang.
+"""
+import shutil
 import signal
+import sys
+import tempfile
 
 import pytest
 
@@ -24,3 +40,29 @@ def emulated_cluster():
     from support.cluster import emulated_cluster as cluster, session_number
     with cluster(number=session_number(), nodes=4) as c:
         yield c
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and item.config.getoption("with_mpi", False):
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.Get_size() > 1:
+            rank = MPI.COMM_WORLD.Get_rank()
+            sys.stderr.write(f"\n[rank {rank}] FAILED {item.nodeid} ({report.when})\n{report.longreprtext}\n"
+                             f"[rank {rank}] calling MPI_Abort so that no other rank hangs\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+
+@pytest.fixture(scope="module")
+def shared_folder():
+    """A folder every rank sees (rank 0 makes it; removed after the module)."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    folder = world.bcast(tempfile.mkdtemp(prefix="zerompi-reshard-") if world.rank == 0 else None)
+    yield folder
+    world.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(folder)

@@ -1,5 +1,5 @@
 """The GPU check: `python tests/gpu_check.py` on a machine with a GPU (CuPy and mpi4py installed),
-about 3 minutes on one GPU; tests/test_gpu_check.py runs it, and skips, saying why, without a GPU.
+about 3 minutes on one GPU; tests/repository/test_gpu_check.py runs it, and skips, saying why, without a GPU.
 
     1. what is there: the GPU, CuPy, the MPI library, and whether it is CUDA-aware (and how known)
     2. correctness: for ZeRO stages 0-3 and N = 1, 2, 4 ranks sharing the GPU, `python -m
@@ -213,12 +213,12 @@ def gemm_correctness(cupy, report):
 def device_ops_correctness(device, report):
     """zerompi/devices/gpu.py's operations against the CPU device's (zerompi/cpu.py) on the
     same inputs: small integers, so that every product and sum is exact and the GEMMs' results
-    must be equal bitwise whatever their summation order (tests/test_device_ops.py runs the same
+    must be equal bitwise whatever their summation order (tests/reference/test_device_ops.py runs the same
     comparison with NumPy stand-ins for cuBLAS and the kernels). The GELUs compute tanh with CUDA's
     tanh, not NumPy's: equal to a few float32 ulps, then one 16-bit rounding in mixed precision."""
     from zerompi.adam import AdamConfig
     from zerompi.cpu import CPU
-    from zerompi.devices.choice import check_device
+    from zerompi.train.options.device_choice import check_device
     from zerompi.device import to_numpy
     from zerompi.precision import precision_for
     sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
@@ -264,14 +264,14 @@ def device_ops_correctness(device, report):
 
 
 def nccl_available():
-    from zerompi.devices.choice import nccl_available
+    from zerompi.train.options.device_choice import nccl_available
     return nccl_available()
 
 
 def transport():
     """The CUDA-awareness verdict as a run under mpirun sees it (not this process: it starts no
     MPI before the runs above, which mpirun launches)."""
-    code = ("import os; from zerompi.devices.choice import select_device; from zerompi.devices import communicator_on; "
+    code = ("import os; from zerompi.train.options.device_choice import select_device; from zerompi.devices import communicator_on; "
             "print(communicator_on(select_device('gpu', os.environ)[0]).describe_transport())")
     result = subprocess.run([mpirun(), "-n", "1", sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=TIMEOUT)
@@ -333,7 +333,7 @@ def main():
         print(line, flush=True)
         lines.append(line)
 
-    from zerompi.devices.choice import check_device, select_device
+    from zerompi.train.options.device_choice import check_device, select_device
     device, error = select_device("gpu", os.environ)
     if error:
         report(f"SKIPPED: {error}")

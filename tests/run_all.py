@@ -1,11 +1,11 @@
 """The whole test suite: `python tests/run_all.py` (what README and .ci/run call).
 
     1. single-process tests:              python -m pytest tests          (MPI and Slurm tests skip)
-    2. the Slurm tests:                   python -m pytest tests/test_local_slurm.py tests/test_slurm.py
-                                          tests/test_slurm_multi_node.py, one after the other (one /etc/slurm)
+    2. the Slurm tests:                   python -m pytest tests/program/test_local_slurm.py tests/proofs/test_slurm.py
+                                          tests/proofs/test_slurm_multi_node.py, one after the other (one /etc/slurm)
                                           (they skip without ZEROMPI_LOCAL_SLURM=1, root and Slurm)
-    3. multi-rank tests, for N in 1 2 3 4 8:
-                                          mpirun -n N python tests/support/mpi_launch.py --with-mpi tests/mpi
+    3. multi-rank tests (marked mpi), for N in 1 2 3 4 8:
+                                          mpirun -n N python tests/support/mpi_launch.py --with-mpi -m mpi tests
 
 First the package is compiled to bytecode (`compileall`): the suite starts a few thousand Python
 processes, and where PYTHONDONTWRITEBYTECODE is set each of them would
@@ -33,8 +33,8 @@ RANK_COUNTS = (1, 2, 3, 4, 8)
 LIMIT_SECONDS = 600
 SINGLE_LIMIT_SECONDS = 2400        # about 1300 tests, many of them MPI jobs: 6 min on 2 cores, 10 beside 4 busy processes (docs/testing.md)
 SLURM_LIMIT_SECONDS = 1200         # three files of real Slurm jobs: 3 min alone, 5 beside 4 busy processes
-SLURM_TESTS = ["tests/test_local_slurm.py", "tests/test_slurm.py",      # in this order: see test_local_slurm.py
-               "tests/test_slurm_multi_node.py"]
+SLURM_TESTS = ["tests/program/test_local_slurm.py", "tests/proofs/test_slurm.py",      # in this order: see test_local_slurm.py
+               "tests/proofs/test_slurm_multi_node.py"]
 
 
 def mpirun():
@@ -134,7 +134,8 @@ def main():
             ("slurm", pytest + SLURM_TESTS, SLURM_LIMIT_SECONDS)]
     for n in RANK_COUNTS:
         runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
-                                    "-q", "-rs", "-x", "--with-mpi", "-p", "no:cacheprovider", "tests/mpi"],
+                                    "-q", "-rs", "-x", "--with-mpi", "-m", "mpi", "-p", "no:cacheprovider",
+                                    *[f"--ignore={path}" for path in SLURM_TESTS], "tests"],
                      LIMIT_SECONDS))
     totals = [run(name, command, limit) for name, command, limit in runs]
     print("\n" + summary(totals), flush=True)

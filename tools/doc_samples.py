@@ -2,7 +2,7 @@
 
     python tools/doc_samples.py            run every sample's command and rewrite its block
     python tools/doc_samples.py --check    exit 1, naming each sample that is not what its command
-                                           prints now (tests/test_doc_samples.py runs this check)
+                                           prints now (tests/repository/test_doc_samples.py runs this check)
     python tools/doc_samples.py --page docs/planning.md     only that page's samples
 
 A sample is the fenced block right after a mark that names its command (an HTML comment, which

@@ -1,4 +1,4 @@
-"""The package's size budget, stated in README.md and checked by tests/test_size_budget.py.
+"""The package's size budget, stated in README.md and checked by tests/repository/test_size_budget.py.
 
     python tools/size_budget.py           the lines counted, beside the budget
     python tools/size_budget.py --check   exit 1 naming each number over its budget

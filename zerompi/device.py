@@ -1,6 +1,6 @@
 """One device interface: where the arrays live and the few operations that differ between NumPy and CuPy.
 
-A run chooses its device once, at start (zerompi/devices/choice.py: `select_device`, before MPI
+A run chooses its device once, at start (zerompi/train/options/device_choice.py: `select_device`, before MPI
 starts), and every part of it asks that object; nothing else asks where an array lives:
 
     CPU    zerompi/cpu.py    NumPy; its operations are the NumPy code of zerompi/layers.py

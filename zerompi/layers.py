@@ -24,7 +24,7 @@ The loss gradient is divided by the global batch size, not the local one, so tha
 ranks' gradients (what reduce-scatter and all-reduce do) gives exactly the gradient of the global
 mean loss: no separate averaging pass is needed.
 
-All functions are checked against finite differences in float64 (tests/test_layers_match_finite_differences.py).
+All functions are checked against finite differences in float64 (tests/proofs/test_layers_match_finite_differences.py).
 
 These are NumPy functions: the CPU device (zerompi/cpu.py) calls them as they are. A GPU
 (zerompi/devices/gpu.py) computes the same math its own way: the linear layer's products as cuBLAS
@@ -128,7 +128,7 @@ def softmax_cross_entropy(logits, labels, global_batch, dlogits, loss_scale=1.0,
     n, classes = logits.shape
     if not dlogits.flags.c_contiguous:          # `flat` below must be a view of it, not a copy
         raise ValueError("softmax_cross_entropy: dlogits must be C-contiguous")
-    if scratch is None:                         # a call on its own (tests, tests/support/reference.py)
+    if scratch is None:                         # a call on its own (tests, tests/proofs/reference.py)
         if labels.size and not 0 <= int(labels.min()) <= int(labels.max()) < classes:
             raise IndexError(f"softmax_cross_entropy: labels must lie in [0, {classes})")
         scratch = LossScratch(n, classes, logits.dtype, lambda kind, name, shape, dtype: np.zeros(shape, dtype))

@@ -20,7 +20,7 @@ It does not count the dataset, the batch buffers the training program fills from
 (zerompi/train/loop/batches.py), the buffers of checkpoints, weight files and the end-of-run report, or
 the memory of Python, NumPy and MPI themselves: the OS-measured peak resident set size (getrusage),
 reported beside it, covers the whole process. No array is allocated or freed inside the training
-loop, so the live total is also the peak (tests/mpi/test_allocations_within_stage_bounds.py
+loop, so the live total is also the peak (tests/proofs/test_allocations_within_stage_bounds.py
 measures both with tracemalloc).
 
 CommLedger: every collective records its operation, its purpose (GRADS, PARAMS, METRICS, IO below),

@@ -6,7 +6,7 @@ it (launcher_rank: who prints when MPI cannot tell).
     from .mpi import MPI          then MPI.COMM_WORLD, MPI.IN_PLACE, MPI.SUM, ... as mpi4py.MPI's
 
 MPI itself starts later still, when the first Communicator is built (`init_mpi` below),
-after zerompi/devices/choice.py has chosen the GPU. A library that cannot be loaded (none
+after zerompi/train/options/device_choice.py has chosen the GPU. A library that cannot be loaded (none
 installed, a module not loaded on a cluster, MPI4PY_LIBMPI naming no library) raises
 MpiUnavailable, whose message is one line. `abort_job` ends the whole job from any thread, and
 removes the shared memory MPI leaves behind when it is aborted.

@@ -1,4 +1,4 @@
-"""Time an Allreduce across the ranks of an MPI job (tests/test_emulated_cluster.py: the shaped
+"""Time an Allreduce across the ranks of an MPI job (tests/program/test_emulated_cluster.py: the shaped
 link of the emulated cluster).
 
     mpiexec ... python tests/support/allreduce_seconds.py MEGABYTES

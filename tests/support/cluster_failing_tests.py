@@ -1,4 +1,4 @@
-"""Tests that fail on purpose on the `emulated_cluster` fixture: tests/test_emulated_cluster.py
+"""Tests that fail on purpose on the `emulated_cluster` fixture: tests/program/test_emulated_cluster.py
 runs them in a pytest of their own, then checks that their cluster is gone. (Not named test_*:
 the suite never collects them itself.)"""
 import time

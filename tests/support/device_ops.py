@@ -1,6 +1,6 @@
 """One pass through a device's layer operations on small-integer inputs, for comparing devices.
 
-Used by tests/test_device_ops.py (the GPU device with NumPy stand-ins for cuBLAS and the kernels)
+Used by tests/reference/test_device_ops.py (the GPU device with NumPy stand-ins for cuBLAS and the kernels)
 and by tests/gpu_check.py (the real GPU): each runs it on the CPU device and on the other device
 with the same inputs and compares the results. Small integers make every product and sum exact,
 so the GEMMs' results must agree bitwise whatever their summation order.

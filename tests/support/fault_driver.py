@@ -1,4 +1,4 @@
-"""Run zerompi.train with one real fault on chosen ranks at a chosen step (tests/test_faults.py).
+"""Run zerompi.train with one real fault on chosen ranks at a chosen step (tests/proofs/test_faults.py).
 
     mpirun -n N python tests/support/fault_driver.py FAULT RANKS STEP [zerompi.train flags]
 

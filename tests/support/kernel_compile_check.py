@@ -1,6 +1,6 @@
 """Compile zerompi's GPU kernels with NVRTC, for every dtype combination a run can give them,
 without a GPU: `python tests/support/kernel_compile_check.py` where CuPy and NVRTC are installed
-(pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12). tests/test_kernel_compile.py
+(pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12). tests/reference/test_kernel_compile.py
 runs it, and skips, saying why, where they are missing.
 
 CuPy compiles an ElementwiseKernel on its first call, for the dtypes of that call's arrays; that

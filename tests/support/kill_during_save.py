@@ -7,7 +7,7 @@
 On rank RANK, right after that rank has written its first shard file of step STEP's checkpoint,
 the process sends itself SIGKILL: the other ranks wait in the save's next agreement, the manifest
 is never written. The training is the real one (zerompi.train.loop.run.main, real MPI); the driver only
-wraps zerompi.checkpoint.save.write_shard_file. Used by tests/test_checkpoint_cli.py and tests/test_slurm.py.
+wraps zerompi.checkpoint.save.write_shard_file. Used by tests/proofs/test_checkpoint_cli.py and tests/proofs/test_slurm.py.
 `-c CODE` runs as python runs it (slurm/common.sh checks with it that zerompi imports).
 """
 import os

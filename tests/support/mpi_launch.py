@@ -1,7 +1,7 @@
 """Run pytest on one MPI rank: `mpirun -n N python tests/support/mpi_launch.py [pytest args]`.
 
 Only rank 0's stdout is kept (N copies of the same report help nobody); every rank keeps stderr,
-where tests/mpi/conftest.py writes a failing rank's report before it aborts the job. Ranks that
+where tests/conftest.py writes a failing rank's report before it aborts the job. Ranks that
 end with a non-zero pytest status abort the job too, so the launcher sees the failure.
 """
 import os

@@ -1,5 +1,5 @@
 """What zerompi's start-up decides from the node each rank runs on, printed per rank
-(tests/test_multi_node.py, on the emulated cluster).
+(tests/program/test_multi_node.py, on the emulated cluster).
 
     mpiexec ... python tests/support/node_report.py
 
@@ -12,7 +12,7 @@ one line per rank, in rank order:
 import os
 
 from zerompi.devices import communicator_on
-from zerompi.devices.choice import local_rank, select_device
+from zerompi.train.options.device_choice import local_rank, select_device
 from zerompi.cpu import blas_threads
 
 device, _ = select_device("cpu", os.environ)

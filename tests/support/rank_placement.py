@@ -9,10 +9,10 @@ When zerompi has set its BLAS thread limit, just before training, each rank prin
     placement: rank 2 of 4 on zmpi2-node2: local rank 0, 2 ranks on its node, 1 BLAS threads
 
 the node is MPI's processor name; the local rank is the one zerompi picks a GPU by
-(zerompi/devices/choice.py); the ranks on its node are zerompi's own count (Split_type); the BLAS
+(zerompi/train/options/device_choice.py); the ranks on its node are zerompi's own count (Split_type); the BLAS
 threads are those threadpoolctl finds in effect under zerompi's limit. The training is the real one
 (zerompi.train.loop.run.main, real MPI); the driver only wraps two calls to see what they returned.
-Used by tests/test_slurm_multi_node.py. `-c CODE` runs as python runs it (slurm/common.sh checks
+Used by tests/proofs/test_slurm_multi_node.py. `-c CODE` runs as python runs it (slurm/common.sh checks
 with it that zerompi imports).
 """
 import os
@@ -27,7 +27,7 @@ from threadpoolctl import threadpool_info  # noqa: E402
 
 import zerompi.comm  # noqa: E402
 import zerompi.train.loop.run  # noqa: E402
-from zerompi.devices.choice import local_rank  # noqa: E402
+from zerompi.train.options.device_choice import local_rank  # noqa: E402
 
 args = sys.argv[1:]
 if args[:2] == ["-m", "zerompi.train"]:

@@ -1,5 +1,5 @@
 """Guards on a split communicator, as the hierarchical variants make them (Communicator.split):
-run as `mpirun -n 4 python tests/support/split_guards_driver.py KIND` (tests/test_hierarchy_cli.py).
+run as `mpirun -n 4 python tests/support/split_guards_driver.py KIND` (tests/program/test_hierarchy_cli.py).
 
     mismatch   --check-collectives; ranks 2 and 3 (one group of two) disagree on a collective of
                their group while ranks 0 and 1 go on to a collective of the whole job

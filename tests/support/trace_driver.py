@@ -1,4 +1,4 @@
-"""Run zerompi.train and count the trace events each rank holds in memory (tests/test_observability.py).
+"""Run zerompi.train and count the trace events each rank holds in memory (tests/program/test_observability.py).
 
     mpirun -n N python tests/support/trace_driver.py [zerompi.train flags, with --trace]
 

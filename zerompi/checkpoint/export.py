@@ -63,7 +63,7 @@ def export_safetensors(folder, path, with_optimizer=False, as_float32=False):
 
 
 def consolidate(folder, path):
-    """The model's parameters as one consolidated .npz (zerompi.weights' format)."""
+    """The model's parameters as one consolidated .npz (zerompi/checkpoint/weights.py's format)."""
     reader = CheckpointReader(folder)
     specs, tensors = _tensors(reader, [("params", "")])
     write_npz(path, ((name, tensor) for (name, _, _), tensor in zip(specs, tensors)))

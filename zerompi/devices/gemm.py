@@ -26,7 +26,7 @@ Row-major arrays in a column-major library. cuBLAS reads a matrix column by colu
 So cuBLAS, given our buffers, sees c^T = op(b)^T op(a)^T: it gets b as its first operand and a as
 its second, each transposed exactly when we asked for op(x) = x^T, and computes the (N, M)
 column-major matrix that is c in row-major. `cublas_arguments` does this bookkeeping and is tested
-on the CPU (tests/test_gemm.py) against a column-major GEMM written out in NumPy.
+on the CPU (tests/reference/test_gemm.py) against a column-major GEMM written out in NumPy.
 """
 import numpy as np
 

@@ -67,7 +67,7 @@ class GPU(CPU):
 
     def memory_available(self, ranks_on_node=1):
         """(free bytes of this GPU shared by the ranks that use it, that it is): the node's ranks
-        take the GPUs in turn (zerompi/devices/choice.py)."""
+        take the GPUs in turn (zerompi/train/options/device_choice.py)."""
         free = self.xp.cuda.runtime.memGetInfo()[0]
         sharing = -(-ranks_on_node // self.count)
         return free // sharing, f"the free memory of {self.name}" + (f" shared by {sharing} ranks" if sharing > 1 else "")

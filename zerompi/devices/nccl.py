@@ -4,7 +4,7 @@ MPI still starts the job and bootstraps NCCL:
 
     rank 0:     uid = nccl.get_unique_id()          (128 bytes naming the new NCCL communicator)
     all ranks:  MPI broadcast of uid from rank 0
-    all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/devices/choice.py)
+    all ranks:  NcclCommunicator(N, uid, rank)      on the GPU each rank chose (zerompi/train/options/device_choice.py)
 
 Then the three transport methods (sum_all, sum_scatter, gather_all) run on NCCL, on CuPy's default
 stream, reading and writing device memory directly (no host staging, no MPI). NcclTransport extends

@@ -10,7 +10,7 @@ and each request completes when the thread has run its call. Stage 3 also gets a
     comm thread:                 |  RS u=3      |    RS u=2    |    RS u=1    | RS u=0 |
 
 The same collectives run on the same buffers in the same order either way, so the results are
-bitwise identical (tests/mpi/test_overlap_is_bitwise_identical.py makes any missing wait show up as a difference).
+bitwise identical (tests/proofs/test_overlap_is_bitwise_identical.py makes any missing wait show up as a difference).
 
 Measured (docs/overlap-and-performance.md): with every core already running a rank, the thread
 hides most of the communication but the step gets no shorter, because MPI's shared-memory copies

@@ -17,7 +17,7 @@ collectives that move nothing. Then
                 |                                  |
           the preflight (preflight.py)        --dry-run (zerompi/train/commands/dry_run.py), the cost model (cost.py)
 
-A run's ledger equals its plan for everything the ledger counts (tests/mpi/test_plan_equals_ledger.py
+A run's ledger equals its plan for everything the ledger counts (tests/reference/test_plan_equals_ledger.py
 runs both for every stage, N = 1, 2, 3, 4, 8, hybrid sharding and hpZ). The plan of a GPU run
 leaves out pinned host staging (host memory; MPI that is CUDA-aware needs none).
 """

@@ -19,7 +19,7 @@
                (ulimit -s) and its malloc arena (64 MB of address space, glibc on 64 bits);
                RUNTIME_RESERVE for the rest (BLAS's buffers, the batches, the report: measured
                7-42 MB beyond the scratch on CPU runs of 2-4 ranks with MPICH 5 and OpenBLAS,
-               tests/test_preflight_limits.py)
+               tests/reference/test_preflight_limits.py)
     available  what the device says a rank may still allocate (memory_available): on a CPU the
                least of the address-space limit (ulimit -v) less what the process maps already,
                the memory cgroup's limit less its usage (v2 or v1, its own or an ancestor's) and

@@ -8,7 +8,7 @@ problem). Then, for the chosen stage and every other stage side by side (and the
 hierarchical variant): each rank's bytes by kind, from the run's own build_engine on buffers that
 take no memory, and one step's collectives (calls, ring volume by purpose, inter-node volume),
 from the stage's hooks on a communicator that moves nothing: exactly what the run's ledgers will
-count (tests/mpi/test_plan_equals_ledger.py). Each beside its formula (zerompi.memory). Last, the
+count (tests/reference/test_plan_equals_ledger.py). Each beside its formula (zerompi.memory). Last, the
 preflight's verdict against this machine's memory (zerompi/plan/preflight.py) and the chosen
 run's collectives call by call. Exit 0 (a plan that does not fit here is still a plan).
 

@@ -28,7 +28,6 @@ STAGE_NAMES = ("Baseline", "Stage 1", "Stage 2", "Stage 3")
 DEFAULT_RANKS = (1, 4, 8, 16, 32, 64, 128)
 MOST_BYTES_PER_PARAM = 1024          # float64 Adam keeps 32: a kilobyte a parameter is no precision there is
 DEFAULT_NODES = (1, 2, 4, 8, 16)
-GB = 1e9
 
 def _model_size_name(num_params):
     """7e9 -> '7B', 1.3e8 -> '130M'."""

@@ -47,7 +47,7 @@ from .checkpoints import check_save_dir, save_training_checkpoint, start_from
 from ...checkpoint.weights import check_writable, save_weights
 from ...cpu import blas_threads
 from ...devices import communicator_on
-from ...devices.choice import check_device, select_device
+from ..options.device_choice import check_device, select_device
 from ...devices.nccl import NcclCommunicator
 from ...engine import build_engine
 from ...hierarchy import hierarchy_for
@@ -334,7 +334,7 @@ def main(argv=None):
                                                  ExitCode.INTERRUPTED, standing_by=True))
     # from here a signal ends the run with one line (zerompi/train/loop/signals.py)
     try:
-        # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/devices/choice.py;
+        # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/train/options/device_choice.py;
         # the watchdog guards the collectives from the first one, which the Communicator makes.
         early = choices_before_mpi(argv)
         device, device_error = select_device(early.device, os.environ)

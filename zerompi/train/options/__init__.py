@@ -8,6 +8,7 @@
     grouping.py       --shard-group and --hpz resolved against the node map
     agreement.py      every rank runs the same training, or one line names the difference
     before_mpi.py     what is read before MPI starts (--device, --collective-timeout)
+    device_choice.py  --device: the device chosen (the GPU before MPI starts), and what it cannot do
     environment.py    the variables read; launch.py: launcher and thread checks
     output_paths.py   no output overwrites an input; errors.py: ArgumentError; version.py: --version
 """

@@ -2,7 +2,7 @@
 (so that they work where MPI cannot start), and the two choices MPI's start itself depends on.
 
     answer_without_mpi   --help, --version: printed by the launcher's rank 0, exit 0
-    choices_before_mpi   --device (the GPU is chosen before MPI_Init: zerompi/devices/choice.py)
+    choices_before_mpi   --device (the GPU is chosen before MPI_Init: zerompi/train/options/device_choice.py)
                          and --collective-timeout (the watchdog guards the first collective)
 
 Both read the same flags and --config file as the full parse (zerompi/train/options/config.py), which
@@ -42,7 +42,7 @@ def answer_without_mpi(argv, environ):
 
 def choices_before_mpi(argv):
     """--device and --collective-timeout from the command line, or from the TOML file --config
-    names, read before MPI starts: the GPU is chosen before MPI_Init (zerompi/devices/choice.py says
+    names, read before MPI starts: the GPU is chosen before MPI_Init (zerompi/train/options/device_choice.py says
     why), and the watchdog guards the collectives from the first one. A value that does not parse,
     or a file that does not read, counts as the default: the full parse reports it later."""
     peek = _Parser(rank=None, add_help=False)

@@ -25,7 +25,7 @@ from .config_files import CommandLine, ConfigFileError, flags_from_file
 from .environment import ENVIRONMENT
 from .errors import ArgumentError
 from .version import version_text
-from ...devices.choice import DEVICE_CHOICES
+from .device_choice import DEVICE_CHOICES
 from ...util.exit_codes import EXIT_MEANINGS, ExitCode
 from ...precision import DTYPE_NAMES, precision_for
 from ..loop.schedule import SCHEDULES

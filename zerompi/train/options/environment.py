@@ -1,10 +1,10 @@
 """The environment variables zerompi reads, and what for: one table, which `--help` prints at its
-end (zerompi/train/options/config.py) and tests/test_cli.py checks against every read in zerompi/.
+end (zerompi/train/options/config.py) and tests/proofs/test_cli.py checks against every read in zerompi/.
 
 None of them is needed: the launchers set the rank and size variables, and the rest are overrides.
 The names themselves live where they are read; this table only collects them.
 """
-from ...devices.choice import LOCAL_RANK_VARIABLES
+from .device_choice import LOCAL_RANK_VARIABLES
 from ...devices.mpi_cuda import OVERRIDE as CUDA_AWARE_OVERRIDE
 from ..outputs.destination import SLURM_JOB, SLURM_PTY
 from ...mpi import LAUNCHER_RANK_VARIABLES

@@ -1,7 +1,7 @@
 """`--version`: zerompi's version, and those of what it runs on, found without starting MPI.
 
 zerompi's version is the installed distribution's (importlib.metadata, from pyproject.toml);
-from a checkout that is not installed, zerompi.__version__ (tests/test_cli.py keeps the two equal).
+from a checkout that is not installed, zerompi.__version__ (tests/proofs/test_cli.py keeps the two equal).
 The MPI library is the one mpi4py would load, asked for its version string through ctypes:
 MPI_Get_library_version may be called before MPI_Init (MPI-3.1, 8.1.1), so nothing starts MPI
 and nothing imports mpi4py.MPI (which would). mpi4py's own lookup is a private helper of mpi4py
