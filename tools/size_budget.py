@@ -5,7 +5,7 @@
 
 README.md states the budget in one sentence (its only home), which this reads:
 
-    Size budget (...): the core 2,700 lines, each stage file 100, the largest file 400, the package 12,100.
+    Size budget (...): the core 2,650 lines, each stage file 95, the largest file 400, the package 12,100.
 
 Counted in physical lines of the .py files of zerompi/: the core (the part tools/import_graph.py
 calls core), each of zerompi/stages/stage0.py .. stage3.py, the largest file, and the whole package. A change may

@@ -21,7 +21,7 @@ LAYOUTS = [(2, 2), (2, 3), (4, 2)]          # (nodes, ranks per node): N = 4, 6,
 @pytest.mark.parametrize("nodes,ppn", LAYOUTS, ids=[f"{n}x{p}" for n, p in LAYOUTS])
 def test_hierarchical_variants_equal_single_process_adamw_across_nodes(emulated_cluster, nodes, ppn):
     command = [sys.executable, os.path.join(ROOT, "tests", "support", "mpi_launch.py"), "-q", "-x", "-p",
-               "no:cacheprovider", "--with-mpi", os.path.join(ROOT, "tests", "mpi", "test_hierarchical_on_nodes.py")]
+               "no:cacheprovider", "--with-mpi", os.path.join(ROOT, "tests", "reference", "test_hierarchy_across_node_boundaries.py")]
     result = run_across(emulated_cluster, ppn, command, num_nodes=nodes, timeout=360)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
@@ -32,7 +32,7 @@ def test_plans_equal_the_ledgers_across_nodes(emulated_cluster):
     """zerompi/plan/ on 2 nodes x 2 ranks: every stage's and variant's plan, inter-node bytes
     included, equals the ledgers of a real run (tests/reference/test_plan_equals_ledger.py)."""
     command = [sys.executable, os.path.join(ROOT, "tests", "support", "mpi_launch.py"), "-q", "-x", "-p",
-               "no:cacheprovider", "--with-mpi", os.path.join(ROOT, "tests", "mpi", "test_plan_equals_ledger.py")]
+               "no:cacheprovider", "--with-mpi", os.path.join(ROOT, "tests", "reference", "test_plan_equals_ledger.py")]
     result = run_across(emulated_cluster, 2, command, num_nodes=2, timeout=360)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "failed" not in result.stdout

@@ -171,6 +171,6 @@ def test_across_emulated_nodes_the_split_equals_the_flat_ring_formula(emulated_c
         check_split(json.loads(run.stdout), read_lines(metrics), nodes, ppn)
     run = run_across(emulated_cluster, ppn, [sys.executable, os.path.join(REPO, "tests", "support", "mpi_launch.py"),
                                              "-q", "-p", "no:cacheprovider", "--with-mpi",
-                                             os.path.join(REPO, "tests", "mpi", "test_nodes_of_ranks.py")],
+                                             os.path.join(REPO, "tests", "reference", "test_nodes_of_ranks.py")],
                      num_nodes=nodes, timeout=120, env=env)
     assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout + run.stderr

@@ -1,6 +1,7 @@
 """README.md and docs/ stay true to the tree: every relative link resolves, every repository path
 they name exists, and README stays a front door (at most 150 lines)."""
 import os
+import sys
 import re
 
 import pytest
@@ -226,3 +227,25 @@ def test_the_proofs_folder_is_what_readme_cites():
     proofs = {f"tests/proofs/{name}" for name in os.listdir(os.path.join(ROOT, "tests", "proofs"))
               if name.startswith("test_") and name.endswith(".py")}
     assert cited == proofs, (sorted(cited - proofs), sorted(proofs - cited))
+
+
+def test_readme_reading_order_names_every_module_of_the_reference():
+    """Every module of the reference part (tools/import_graph.py's core and layers) is named in
+    README's reading order: a file by its name (beside its folder's), a package by its folder."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import import_graph
+    readme = text_of("README.md")
+    section = readme[readme.index("## Reading order"):readme.index("## What is proven")]
+    unnamed = []
+    for name, path in import_graph.modules().items():
+        if import_graph.part_of(name)[0] not in ("core", "layer") or name.endswith("__main__"):
+            continue
+        folder = os.path.relpath(os.path.dirname(path), ROOT) + "/"
+        if path.endswith("__init__.py"):
+            named = folder == "zerompi/" or f"`{folder}" in section
+        else:
+            named = f"`{folder}" in section or folder == "zerompi/"
+            named = named and re.search(rf"(?<![\w]){re.escape(os.path.basename(path))}`", section) is not None
+        if not named:
+            unnamed.append(os.path.relpath(path, ROOT))
+    assert unnamed == [], f"README's reading order does not name {unnamed}"
