@@ -13,13 +13,14 @@ from ...util.inputs import printable
 from ...observe.watchdog import MAX_STAGGER_SECONDS, await_announced_abort, report_then_abort, stagger
 
 
-def end_job(rank, line, exit_code, standing_by=False, before=""):
+def end_job(rank, line, exit_code, standing_by=False, before="", later=0.0):
     """End every rank with exit_code and one line (after `before`, a traceback), from the lowest
     rank that fails: rank r waits stagger(r) seconds first (several ranks failing at once: the
     lowest reports, its abort ends the rest). standing_by: the signal watcher, whose main thread
     waits in MPI: a rank but the lowest also gives the lowest one's abort MAX_STAGGER_SECONDS to
-    come first. Never returns."""
-    time.sleep(stagger(rank) + (MAX_STAGGER_SECONDS if standing_by and rank else 0))
+    come first; later: seconds more a rank but the lowest gives it (a signal every rank got, which
+    the lowest may act on only from its watcher, signals.py). Never returns."""
+    time.sleep(stagger(rank) + (MAX_STAGGER_SECONDS if standing_by and rank else later if rank else 0))
     report_then_abort(before + printable(line), abort_releasing_locks, exit_code)
     await_announced_abort()                # another thread announced first: its abort ends this process
 

@@ -82,7 +82,7 @@ from ..options.shape import run_shape
 from ..outputs.progress import Progress
 from ..outputs.report import build_report, format_json, format_table
 from .schedule import learning_rate
-from .signals import Interrupted, Signals
+from .signals import ACT_WITHIN_SECONDS, Interrupted, Signals
 from ..outputs.tensorboard import TensorBoardLog, tensorboard_missing
 
 
@@ -377,8 +377,9 @@ def main(argv=None):
             run(cfg, comm, out, signals)
     except SystemExit:
         raise
-    except Interrupted as e:                   # a signal that ends the run at once (signals.py)
-        end_job(comm.rank, f"zerompi: error: rank {comm.rank}: {e}", ExitCode.INTERRUPTED)
+    except Interrupted as e:                   # a signal that ends the run at once (signals.py); rank 0 may
+        end_job(comm.rank, f"zerompi: error: rank {comm.rank}: {e}", ExitCode.INTERRUPTED,   # be in MPI, its
+                later=2 * ACT_WITHIN_SECONDS)   # watcher acting ACT_WITHIN_SECONDS later: the others wait for it
     except MemoryError as e:                   # after the preflight (zerompi/plan/preflight.py): one line
         signals.stand_down()
         end_job(comm.rank, f"zerompi: error: rank {comm.rank} ran out of memory ({e or 'MemoryError'}): other "
