@@ -11,6 +11,8 @@ from Python, not from a reader). Each module belongs to one part (`part_of`):
     layer     zerompi/{LAYERS}/: ZeRO ideas a first reading can skip, each a folder
     program   zerompi/train/ and every package's __main__: what an operator runs
 
+A folder in none of them is a problem until CORE_FOLDERS or BUILDS_ON lists it.
+
 The rules (`problems`), each broken one named with the import that breaks it:
 
     util imports only util; the core imports only the core and util;
@@ -111,7 +113,8 @@ def cycles(edges):
 
 
 def part_of(name):
-    """("util" | "core" | "layer" | "program", the folder or top-level module it is in)."""
+    """("util" | "core" | "layer" | "program" | "no part", the folder or top-level module it is
+    in); a folder none of them lists is in no part (a problem, until the table says where)."""
     parts = name.split(".")
     top = parts[1] if len(parts) > 1 else ""
     if top == "train" or parts[-1] == "__main__":
@@ -120,7 +123,9 @@ def part_of(name):
         return "util", top
     if top in LAYERS:
         return "layer", top
-    return "core", top
+    if not top or top in CORE_FOLDERS or (len(parts) == 2 and not os.path.isdir(os.path.join(ROOT, PACKAGE, top))):
+        return "core", top
+    return "no part", top
 
 
 def rule_broken(name, dep):
@@ -132,6 +137,8 @@ def rule_broken(name, dep):
         return None
     if dep_part == "program":
         return "nothing below the program imports the program"
+    if "no part" in (part, dep_part):
+        return None                       # reported once, as a module in no part
     if part == "util":
         return None if dep_part == "util" else "util imports only util"
     if part == "core":
@@ -157,7 +164,9 @@ def folder_edges(edges):
 
 
 def problems(edges):
-    found = [f"import cycle: {' <-> '.join(c)}" for c in cycles(edges)]
+    found = [f"{name} is in no part: list zerompi/{part_of(name)[1]}/ in CORE_FOLDERS or BUILDS_ON"
+             for name in sorted(edges) if part_of(name)[0] == "no part"]
+    found += [f"import cycle: {' <-> '.join(c)}" for c in cycles(edges)]
     found += [f"folder cycle: {' <-> '.join(c)}" for c in cycles(folder_edges(edges))]
     for name, deps in sorted(edges.items()):
         for dep in deps:

@@ -8,8 +8,8 @@ README.md states the budget in one sentence (its only home), which this reads:
     Size budget (...): the core 2,650 lines, each stage file 95, the largest file 400, the package 12,100.
 
 Counted in physical lines of the .py files of zerompi/: the core (the part tools/import_graph.py
-calls core), each of zerompi/stages/stage0.py .. stage3.py, the largest file, and the whole package. A change may
-raise a number only in the commit that needs it, saying why.
+calls core), each stage file (zerompi/stages/stage0.py .. zerompi/stages/stage3.py), the largest
+file, and the whole package. A change may raise a number only in the commit that needs it, saying why.
 """
 import os
 import re

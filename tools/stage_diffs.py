@@ -3,7 +3,7 @@
     python tools/stage_diffs.py           rewrite docs/stage-diffs.md
     python tools/stage_diffs.py --check   exit 1 if docs/stage-diffs.md is not what it would write
 
-Each stage file (zerompi/stages/stage0.py .. stage3.py) writes out all of its hooks on purpose,
+Each stage file (zerompi/stages/stage0.py .. zerompi/stages/stage3.py) writes out all of its hooks on purpose,
 so that the progression 0 -> 1 -> 2 -> 3 can be read as three small diffs. The page is generated
 from the files themselves; tests/repository/test_stage_diffs.py fails when it is stale.
 """

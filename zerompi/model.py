@@ -25,7 +25,7 @@ the stage hands out 16-bit weights and gradient views, and
       into the 16-bit views (or added to them)    and rounded once into the 16-bit views
 
 The device's one-layer work buffers for this (`work`, ledgered as "work") are allocated by the
-device and kept here (zerompi/cpu.py and gpu.py say what each holds).
+device and kept here (zerompi/cpu.py and zerompi/devices/gpu.py say what each holds).
 
 Parameters start as in torch.nn.Linear: W, b ~ U(-1/sqrt(I), 1/sqrt(I)), drawn per layer from
 numpy's generator seeded with (seed, layer index), so they do not depend on N or the stage.

@@ -1,4 +1,4 @@
-"""The device's operations (zerompi/cpu.py, gpu.py), the CPU's against its NumPy reference
+"""The device's operations (zerompi/cpu.py, zerompi/devices/gpu.py), the CPU's against its NumPy reference
 and the GPU's against the CPU's, without a GPU.
 
 The GPU's methods run as they are, with NumPy stand-ins for cuBLAS and the fused kernels

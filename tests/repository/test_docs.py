@@ -190,8 +190,23 @@ def stale_names(path, prose, existing_names):
     stale = [name for name in (match.rstrip(".") for match in SOURCE_PATH.findall(prose))
              if "*" not in name and not re.search(r"[A-Z]{3,}", name) and not os.path.exists(os.path.join(ROOT, name))]
     if not path.startswith("tests" + os.sep):
-        stale += [name for name in BARE_MODULE.findall(prose) if name not in existing_names]
+        stale += [name for name in BARE_MODULE.findall(prose) if not near(path, name)]
     return stale
+
+
+def near(path, name):
+    """Whether a file `name` is where a bare mention in `path` can mean: in its folder, an
+    ancestor, or a folder right below one of those (lock.py said in zerompi/checkpoint/ for
+    zerompi/train/loop/lock.py is not)."""
+    folder = os.path.dirname(os.path.join(ROOT, path))
+    while True:
+        if os.path.exists(os.path.join(folder, name)) or any(
+                os.path.exists(os.path.join(folder, sub, name)) for sub in os.listdir(folder)
+                if os.path.isdir(os.path.join(folder, sub)) and not sub.startswith(".")):
+            return True
+        if os.path.samefile(folder, ROOT):
+            return False
+        folder = os.path.dirname(folder)
 
 
 def test_docstrings_and_comments_name_files_that_exist():
@@ -209,6 +224,7 @@ def test_docstrings_and_comments_name_files_that_exist():
     assert stale == {}, f"docstrings and comments name what does not exist: {stale}"
     assert stale_names("zerompi/x.py", "see planning.py and zerompi/no_such.py, docs/figures/NAME.png",
                        existing) == ["zerompi/no_such.py", "planning.py"]
+    assert stale_names("zerompi/checkpoint/x.py", "lock.py, save.py, run.py", existing) == ["lock.py", "run.py"]
 
 
 def test_the_check_finds_a_moved_file_a_renamed_symbol_and_a_module_that_is_not_there():

@@ -40,6 +40,14 @@ def test_a_planted_import_that_breaks_a_rule_is_named(name, dep, why):
     assert f"{name} imports {dep}: {why}" in import_graph.problems(edges)
 
 
+def test_a_folder_no_rule_lists_is_a_problem_not_core():
+    edges = import_graph.graph()
+    edges["zerompi.newlayer.x"] = []
+    edges["zerompi.engine"] = edges["zerompi.engine"] + ["zerompi.newlayer.x"]
+    found = import_graph.problems(edges)
+    assert "zerompi.newlayer.x is in no part: list zerompi/newlayer/ in CORE_FOLDERS or BUILDS_ON" in found
+
+
 def test_allowed_imports_are_not_problems():
     for name, dep in [("zerompi.plan", "zerompi.overlap"), ("zerompi.overlap.thread", "zerompi.observe"),
                       ("zerompi.devices.nccl", "zerompi.comm"), ("zerompi.train.loop.run", "zerompi.observe.trace"),

@@ -1,7 +1,6 @@
-"""Where the arrays live and the few operations that differ between NumPy and CuPy.
+"""GPUs: CuPy arrays, and how collectives reach device memory. The device interface and the
+CPU device are the core's (zerompi/device.py, zerompi/cpu.py).
 
-    device.py      the one device interface (what every device does), and array helpers
-    cpu.py         CPU: NumPy, running the NumPy code of zerompi/layers.py and zerompi/adam.py
     gpu.py         GPU(CPU): CuPy, the same math as cuBLAS GEMMs and fused kernels
     kernels.py     fused CuPy kernels (bias, GELU, AdamW)
     gemm.py        cuBLAS GemmEx: 16-bit operands on tensor cores

@@ -15,7 +15,7 @@ collectives that move nothing. Then
                 |                                  |
           engine.memory (per rank, by kind)   one step's CommLedger + PlannedCalls
                 |                                  |
-          the preflight (preflight.py)        --dry-run (zerompi/train/commands/dry_run.py), the cost model (cost.py)
+          the preflight (preflight.py)        --dry-run (zerompi/train/commands/dry_run.py), the cost model (zerompi/train/commands/cost.py)
 
 A run's ledger equals its plan for everything the ledger counts (tests/reference/test_plan_equals_ledger.py
 runs both for every stage, N = 1, 2, 3, 4, 8, hybrid sharding and hpZ). The plan of a GPU run

@@ -3,7 +3,7 @@
 --help and --version are answered first, so they work where MPI cannot start (a login node
 without a working PMI); then --dry-run, which needs no MPI library (zerompi/train/commands/dry_run.py;
 the library is loaded at its first use, zerompi/mpi.py). Under a launcher only its rank 0 prints
-them. Where the MPI library cannot be loaded, a run is one line, exit 2 (run.py).
+them. Where the MPI library cannot be loaded, a run is one line, exit 2 (zerompi/train/loop/run.py).
 """
 import os
 import sys

@@ -5,5 +5,5 @@
     npz_members.py   an .npz archive's members, checked before they are read
     atomic.py        files written whole or not at all (a temporary name, fsync, rename)
     pipes.py         a closed stdout (| head) ends a command quietly
-    words.py         counts in words: "1 rank", "3 ranks"
+    words.py         counts and sizes in words: "3 ranks", "807.9 MB"
 """

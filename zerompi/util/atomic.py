@@ -13,7 +13,7 @@ POSIX rename within one folder is atomic, so a reader (or a crash at any moment)
 or the complete new one, never a half-written one. Every file zerompi writes whole goes through
 here (weights, exports, manifests, `latest`, the trace); shard files are written inside a
 `.partial-` folder that is renamed as a whole (zerompi/checkpoint/save.py), the lock is created
-with O_EXCL (lock.py), and --metrics is appended to line by line (zerompi/train/outputs/metrics.py).
+with O_EXCL (zerompi/train/loop/lock.py), and --metrics is appended to line by line (zerompi/train/outputs/metrics.py).
 An existing path that is not a regular file (a FIFO, a device such as /dev/null, a folder) is
 refused before anything is written: the rename would replace the node itself. A path that is a
 symbolic link to a file is written through, as open() writes: the file it names is replaced (the

@@ -103,7 +103,7 @@ def _build_parser():
                     "With --ranks-per-node: the same across nodes, beside hybrid sharding "
                     "and stage 3 with hpZ, and the bytes each node sends to the others.",
     )
-    what = parser.add_mutually_exclusive_group(required=True)
+    what = parser.add_mutually_exclusive_group()
     what.add_argument("--params", type=parameter_count, help="number of model parameters Ψ, e.g. 7e9")
     what.add_argument("--formulas", action="store_true",
                       help="the four stages' formulas in Ψ and N, and their collectives")
@@ -271,6 +271,8 @@ def main(argv=None) -> int:
     if args.formulas:
         print(formula_table())
         return 0
+    if args.params is None:
+        parser.error("the following arguments are required: --params (or --formulas)")
     _check_args(parser, args)
     if args.bytes is not None:
         b = BytesPerParam(*args.bytes)

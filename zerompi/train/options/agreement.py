@@ -8,7 +8,7 @@ describes what it has as named fields, and the ranks compare them:
 
     when                              fields
     the command line is read          the versions of zerompi (with a digest of its source files),
-      (run.py, main)                  NumPy and mpi4py; the device (--device as it resolved);
+      (loop/run.py main)                NumPy and mpi4py; the device (--device as it resolved);
                                       every flag after config files and defaults, except: --config
                                       and --deepspeed-config (what they set is compared), --data
                                       (next row), the outputs rank 0 alone writes (--save-weights,

@@ -1,7 +1,7 @@
 """ArgumentError: a bad command line or config file, raised with its one-line message.
 
 Raised by the parser (config.py) and the batch rule (batch_rule.py) on every rank alike; the
-program (run.py) catches it, prints `zerompi: error: <message> (see --help)` once, and every rank
+program (zerompi/train/loop/run.py) catches it, prints `zerompi: error: <message> (see --help)` once, and every rank
 exits with status 2.
 """
 

@@ -90,12 +90,21 @@ def node_split(collectives, node_of_rank):
     return [[sum(t["intra"].values()), sum(t["inter"].values())] for t in ring_traffic(collectives, node_of_rank)]
 
 
+def _passes(stage, per_micro_batch):
+    """The step's passes over Psi, read off zerompi.memory (Psi (N-1)/N is 1 at Psi = N = 2): '2',
+    '3'; with micro-batches, as a + b M: '2', '(M+1)', '3M'."""
+    one, two = (comm_elements_per_step(stage, 2, 2, m) for m in (1, 2))
+    if not per_micro_batch or one == two:
+        return f"{one:g}"
+    a, b = 2 * one - two, two - one
+    return f"{b:g}M" if a == 0 else f"({'' if b == 1 else f'{b:g}'}M+{a:g})"
+
+
 def format_table(report):
     r = report
     b = r["bytes_per_param"]
     m = r["micro_batches"]
-    passes = comm_elements_per_step(r["stage"], 2, 2, m)          # Psi (N-1)/N is 1 at Psi = N = 2
-    comm_name = f"{passes:g} Psi (N-1)/N"
+    comm_name = f"{_passes(r['stage'], m > 1)} Psi (N-1)/N"
     if r["shard_group"] != r["ranks"] or r["hpz_ranks_per_node"]:     # zerompi/hierarchy/
         comm_name = "of the groups' rings (zerompi.memory.ring_traffic)"
     if m > 1:
