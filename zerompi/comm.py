@@ -41,8 +41,9 @@ to 16 bits once (zerompi/precision.py says why); all-gathers move the 16-bit wor
 The ledger records the buffer that actually went to MPI, so its bytes show the widened reductions.
 
 MPI is initialized when the first Communicator is built, not when this module is imported, so
-that zerompi/train/options/device_choice.py can choose the GPU first; the library itself is loaded at the first
-use of MPI (zerompi/mpi.py), so that what needs no MPI (a plan) runs without one.
+that the program can choose the GPU first (zerompi/train/options/device_choice.py); the library
+itself is loaded at the first use of MPI (zerompi/mpi.py), so that what needs no MPI (a plan) runs
+without one.
 """
 import copy
 import time

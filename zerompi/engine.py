@@ -15,7 +15,9 @@ communicator first) builds the stage over the ranks that share the shards.
 
 What differs between stages here each stage class declares (zerompi/stages/base.py): whether it
 takes gradient buckets, the largest reduction it makes, whether a reduce-scatter adds into its
-gradient shard. Staging: the communicator reduces through float32 work buffers when it cannot reduce a buffer in
+gradient shard.
+
+Staging: the communicator reduces through float32 work buffers when it cannot reduce a buffer in
 place: 16-bit gradients (MPI has no bfloat16, zerompi/precision.py), a reduce-scatter that adds a
 micro-batch into the gradient shard (stages 2-3), and device memory (zerompi/comm.py). They hold
 the largest buffer reduced in one call: a gradient bucket in stage 0 (one all-reduce per bucket),

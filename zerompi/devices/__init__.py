@@ -21,9 +21,8 @@ from .staging import DeviceTransport
 
 
 def communicator_on(device, mpi_comm=None, guards=None, mpi_reads_device_memory=None):
-    """A Communicator whose training buffers live on `device` (zerompi/comm.py's arguments; None:
-    the CPU);
-    mpi_reads_device_memory: whether MPI is CUDA-aware, None to ask the library."""
+    """A Communicator whose training buffers live on `device` (None: the CPU), with zerompi/comm.py's
+    other arguments; mpi_reads_device_memory: whether MPI is CUDA-aware, None to ask the library."""
     comm = Communicator(mpi_comm, device, guards)
     if device is not None and device.is_gpu:
         aware, how = (cuda_aware(MPI, os.environ) if mpi_reads_device_memory is None

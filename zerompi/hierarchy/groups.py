@@ -67,7 +67,7 @@ class HybridSharding:
             self.replica_comm.reserve_staging(memory, layout.max_layer_padded // layout.num_ranks,
                                               precision.compute)
         collectives = HybridCollectives(self.shard_comm, self.replica_comm)
-        return HYBRID_STAGES[stage_number](layout, collectives, memory, precision, adam_config, **options)
+        return self.stage_class(stage_number)(layout, collectives, memory, precision, adam_config, **options)
 
 
 class Hpz:

@@ -13,10 +13,10 @@ fp32 Adam: P=4, G=4, K=8 (m, v; the fp32 parameters are their own master copy).
 
 Model-state memory per rank: stage s partitions one more model state over the N ranks (1: the
 optimizer state K, 2: + the gradients G, 3: + the parameters P); what is partitioned costs 1/N,
-the rest is whole: stage 1 holds (P + G)Ψ + KΨ/N (model_state_bytes). Communication per rank per
+the rest is whole: stage 1 holds (P + G)Ψ + KΨ/N (partitioned, model_state_bytes). Communication per rank per
 step, in elements, ring collectives (a reduce-scatter or all-gather of Ψ moves Ψ(N-1)/N per rank,
 an all-reduce, which is one of each, 2Ψ(N-1)/N): c Ψ(N-1)/N with c = 2, 2, 2, 3 passes over Ψ
-for stages 0-3 (comm_elements_per_step; stage 3 gathers the parameters for forward and again for
+for stages 0-3 (passes_over_params; stage 3 gathers the parameters for forward and again for
 backward). `python -m zerompi.memory --formulas` tabulates both for the four stages (README shows
 that table); STAGE_COLLECTIVES below says which collectives run when.
 
@@ -148,19 +148,19 @@ def model_size_error(sizes):
     return None
 
 
+def partitioned(stage: int) -> dict:
+    """{'params': ..., 'grads': ..., 'optimizer': ...}: whether stage `stage` partitions each model
+    state over the N ranks (each stage one more: the optimizer state, + gradients, + parameters)."""
+    return {"params": stage >= 3, "grads": stage >= 2, "optimizer": stage >= 1}
+
+
 def model_state_bytes(stage: int, num_params: float, num_ranks: int, b: BytesPerParam) -> dict:
     """{'params': ..., 'grads': ..., 'optimizer': ..., 'total': ...} bytes per rank by the formulas."""
     _check(stage, num_params, num_ranks)
-    # Each stage partitions one more model state across the N ranks.
-    optimizer_ranks = num_ranks if stage >= 1 else 1
-    grad_ranks = num_ranks if stage >= 2 else 1
-    param_ranks = num_ranks if stage >= 3 else 1
-
-    params = b.param * num_params / param_ranks
-    grads = b.grad * num_params / grad_ranks
-    optimizer = b.optimizer * num_params / optimizer_ranks
-    return {"params": params, "grads": grads, "optimizer": optimizer,
-            "total": params + grads + optimizer}
+    per_param = {"params": b.param, "grads": b.grad, "optimizer": b.optimizer}
+    state = {kind: per_param[kind] * num_params / (num_ranks if split else 1)
+             for kind, split in partitioned(stage).items()}
+    return dict(state, total=state["params"] + state["grads"] + state["optimizer"])
 
 
 def comm_elements_per_step(stage: int, num_params: float, num_ranks: int, micro_batches: int = 1) -> float:
@@ -170,9 +170,15 @@ def comm_elements_per_step(stage: int, num_params: float, num_ranks: int, micro_
     between micro-batches communicate per micro-batch: stage 2 reduce-scatters K times,
     (K+1)Ψ(N-1)/N; stage 3 also gathers parameters K times in forward and backward, 3KΨ(N-1)/N.
     """
-    # the passes over Ψ of the step's collectives, as _stage_collectives lists them
-    passes_over_params = sum(c.passes for c in flat_collectives(stage, num_params, num_ranks, micro_batches))
-    return passes_over_params * num_params * (num_ranks - 1) / num_ranks
+    _check(stage, num_params, num_ranks)
+    return passes_over_params(stage, micro_batches) * num_params * (num_ranks - 1) / num_ranks
+
+
+def passes_over_params(stage: int, micro_batches: int = 1) -> int:
+    """c in c Ψ(N-1)/N: the passes over Ψ of one step's collectives, as _stage_collectives lists
+    them (2, 2, 2, 3 for stages 0-3 with one micro-batch)."""
+    _check(stage, 1, 1)
+    return sum(c.passes for c in _stage_collectives(stage, 1, None, micro_batches))
 
 
 # ---------------------------------------------------------------- across nodes: hybrid sharding and hpZ

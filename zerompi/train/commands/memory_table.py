@@ -19,7 +19,7 @@ import sys
 from ...memory import (FP32, MIXED_PRECISION, MOST_PARAMS, MOST_RANKS, STAGE_COLLECTIVES, STAGES, BytesPerParam,
                        comm_elements_per_step, flat_collectives, hpz_collectives, hpz_model_state_bytes,
                        hybrid_collectives, hybrid_model_state_bytes, inter_node_per_node, model_state_bytes,
-                       ring_traffic_per_rank, wire_bytes)
+                       partitioned, passes_over_params, ring_traffic_per_rank, wire_bytes)
 from ...util.exit_codes import ExitCode
 from ...util.inputs import printable
 from ...util.pipes import until_reader_leaves
@@ -234,23 +234,21 @@ def _unit(largest):
 
 
 def formula_table():
-    """The four stages' formulas as text, each term read off model_state_bytes and
-    comm_elements_per_step (so the table cannot disagree with what the report compares against)."""
-    unit = {"P": BytesPerParam(1, 0, 0), "G": BytesPerParam(0, 1, 0), "K": BytesPerParam(0, 0, 1)}
-    key = {"P": "params", "G": "grads", "K": "optimizer"}
+    """The four stages' formulas as text, from zerompi.memory's partitioned and passes_over_params
+    (what model_state_bytes and comm_elements_per_step compute, which the report checks)."""
+    letters = {"params": "P", "grads": "G", "optimizer": "K"}
+    mixed = {"params": MIXED_PRECISION.param, "grads": MIXED_PRECISION.grad, "optimizer": MIXED_PRECISION.optimizer}
     lines = ["stage  params  grads  optimizer  memory per rank     mixed precision  communication per rank"]
     for stage in STAGES:
-        # a state is sharded when two ranks hold half of it each
-        sharded = {s: model_state_bytes(stage, 1, 2, unit[s])[key[s]] == 0.5 for s in "PGK"}
-        memory = _terms([s for s in "PGK" if not sharded[s]], [s for s in "PGK" if sharded[s]])
-        mixed = model_state_bytes(stage, 1, 2, MIXED_PRECISION)
-        whole = sum(mixed[key[s]] for s in "PGK" if not sharded[s])
-        split = 2 * sum(mixed[key[s]] for s in "PGK" if sharded[s])
-        numbers = " + ".join(t for t in (f"{whole:g}Ψ" if whole else "", f"{split:g}Ψ/N" if split else "") if t)
-        passes = 2 * comm_elements_per_step(stage, 1, 2)         # Ψ(N-1)/N is 1/2 at N = 2
-        held = ["1/N" if sharded[s] else "full" for s in "PGK"]
+        split = partitioned(stage)                           # kind -> sharded over the N ranks
+        whole_kinds = [kind for kind in letters if not split[kind]]
+        split_kinds = [kind for kind in letters if split[kind]]
+        memory = _terms([letters[k] for k in whole_kinds], [letters[k] for k in split_kinds])
+        whole, shared = sum(mixed[k] for k in whole_kinds), sum(mixed[k] for k in split_kinds)
+        numbers = " + ".join(t for t in (f"{whole:g}Ψ" if whole else "", f"{shared:g}Ψ/N" if shared else "") if t)
+        held = ["1/N" if split[kind] else "full" for kind in letters]
         lines.append(f"  {stage}    {held[0]:<7} {held[1]:<6} {held[2]:<9}  {memory:<19} {numbers:<16} "
-                     f"{passes:g}Ψ(N-1)/N")
+                     f"{passes_over_params(stage)}Ψ(N-1)/N")
     lines += ["Ψ parameters, N ranks; P, G, K bytes per parameter of parameter, gradient and optimizer state "
               "(mixed precision: 2, 2, 12)", "collectives, and when:"]
     lines += [f"  {stage}  {text}" for stage, text in zip(STAGES, STAGE_COLLECTIVES)]

@@ -18,8 +18,8 @@ process would compute on the whole batch, for every stage, N and M.
 
 Weights and checkpoints come first: --metrics, --tensorboard and --trace are side files, and a
 write of theirs that fails during the run costs one warning line (zerompi/train/outputs/metrics.py,
-zerompi/train/outputs/tensorboard.py, zerompi/observe/trace.py), never the run. Inside the loop an inf or NaN gets one verdict
-(zerompi/train/loop/divergence.py), not a RuntimeWarning from every rank.
+zerompi/train/outputs/tensorboard.py, zerompi/observe/trace.py), never the run. Inside the loop an
+inf or NaN gets one verdict (zerompi/train/loop/divergence.py), not a RuntimeWarning from every rank.
 
 Exit status (zerompi/util/exit_codes.py): OK 0 done; BAD_INPUT 2 (one line on stderr); DIVERGED 3 a
 non-finite loss or gradient in float32/float64/bf16, non-finite parameters in any dtype, or the
@@ -43,46 +43,46 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ...adam import AdamConfig
-from .checkpoints import check_save_dir, save_training_checkpoint, start_from
 from ...checkpoint.weights import check_writable, save_weights
 from ...cpu import blas_threads
 from ...devices import communicator_on
-from ..options.device_choice import check_device, select_device
 from ...devices.nccl import NcclCommunicator
 from ...engine import build_engine
 from ...hierarchy import hierarchy_for
-from ...util.exit_codes import ExitCode
-from ...util.inputs import printable
-from ...util.words import format_bytes
 from ...ledger import GRADS, METRICS, PARAMS
 from ...memory import model_size_error
 from ...mpi import MpiUnavailable, launcher_rank
 from ...observe import guards_for
 from ...observe.trace import Tracer, create_trace_file
 from ...observe.watchdog import await_announced_abort
-from ...plan.preflight import preflight_error
 from ...plan import RunShape
+from ...plan.preflight import preflight_error
 from ...step import count_correct, train_step
+from ...util.exit_codes import ExitCode
+from ...util.inputs import printable
+from ...util.words import format_bytes
 from ..options.agreement import agree, data_fields, run_fields, start_fields
-from .batches import MicroBatches
 from ..options.before_mpi import choices_before_mpi
 from ..options.config import TrainConfig, parse_args
 from ..options.config_checks import check_config
-from .data import Dataset, load_data
-from ..outputs.destination import launcher_terminal, live_progress
-from .divergence import Stalls, not_finite_message, stop, stop_if_parameters_not_finite
-from .end_job import end_job
+from ..options.device_choice import check_device, select_device
 from ..options.errors import ArgumentError
 from ..options.grouping import grouping_error, resolve_grouping
-from ..outputs.header import print_header
 from ..options.launch import launch_mismatch, threads_variable_error
-from .loss_scale import LossScaler, loss_scale_error
-from ..outputs.metrics import MetricsFile, StepMetrics, slurm_restarts
 from ..options.shape import run_shape
-from ..outputs.progress import Progress
-from ..outputs.report import build_report, format_json, format_table
+from .batches import MicroBatches
+from .checkpoints import check_save_dir, save_training_checkpoint, start_from
+from .data import Dataset, load_data
+from .divergence import Stalls, not_finite_message, stop, stop_if_parameters_not_finite
+from .end_job import end_job
+from .loss_scale import LossScaler, loss_scale_error
 from .schedule import learning_rate
 from .signals import ACT_WITHIN_SECONDS, Interrupted, Signals
+from ..outputs.destination import launcher_terminal, live_progress
+from ..outputs.header import print_header
+from ..outputs.metrics import MetricsFile, StepMetrics, slurm_restarts
+from ..outputs.progress import Progress
+from ..outputs.report import build_report, format_json, format_table
 from ..outputs.tensorboard import TensorBoardLog, tensorboard_missing
 
 

@@ -31,7 +31,7 @@ import json
 import numpy as np
 
 from ...ledger import MEMORY_KINDS
-from ...memory import comm_elements_per_step, ring_traffic
+from ...memory import passes_over_params, ring_traffic
 from ...util.words import counted, format_bytes
 
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
@@ -91,13 +91,13 @@ def node_split(collectives, node_of_rank):
 
 
 def _passes(stage, per_micro_batch):
-    """The step's passes over Psi, read off zerompi.memory (Psi (N-1)/N is 1 at Psi = N = 2): '2',
-    '3'; with micro-batches, as a + b M: '2', '(M+1)', '3M'."""
-    one, two = (comm_elements_per_step(stage, 2, 2, m) for m in (1, 2))
+    """The step's passes over Psi (zerompi.memory.passes_over_params): '2', '3'; with micro-batches,
+    as a + b M: '2', '(M+1)', '3M'."""
+    one, two = passes_over_params(stage, 1), passes_over_params(stage, 2)
     if not per_micro_batch or one == two:
-        return f"{one:g}"
+        return f"{one}"
     a, b = 2 * one - two, two - one
-    return f"{b:g}M" if a == 0 else f"({'' if b == 1 else f'{b:g}'}M+{a:g})"
+    return f"{b}M" if a == 0 else f"({'' if b == 1 else b}M+{a})"
 
 
 def format_table(report):
