@@ -1,6 +1,6 @@
 """Train a matrix of configurations at two revisions and compare the final weights byte for byte.
 
-    python tools/compare_revisions.py REV_A REV_B [--quick] [--jobs J] [--steps S]
+    python tools/compare_revisions.py REV_A REV_B [--quick] [--jobs J] [--steps S] [--offload-b]
 
 A revision is a git revision of the repository holding this tool (a sha, branch, tag, HEAD~2...),
 the word WORKTREE (this repository's working tree, uncommitted files included), or the path of a
@@ -31,6 +31,10 @@ Flag translation: flags are spelled per revision, detected once from that revisi
 text; see FLAG_SPELLINGS, the one place to add a rename (an option none of whose spellings is in
 the help text stops the tool, naming it). The starting revision spells overlap `--overlap on|off`;
 the refactor spells it `--overlap` / `--no-overlap`.
+
+--offload-b: REV_B's runs keep their optimizer state in a file (--offload-optimizer file, a scratch
+--offload-dir per run): `compare_revisions.py WORKTREE WORKTREE --offload-b` compares the whole
+matrix with and without offload at one revision (docs/offload.md). Its runs are never cached.
 
 Cache: a git revision's weights are kept in runs/compare/cache/<sha>/<config>.npz (the config name
 holds every matrix value and --steps), so a baseline trains only once; directories are never
@@ -169,13 +173,14 @@ class Revision:
     label: str            # as given on the command line
     sha: str = ""         # git revisions only
     folder: Path = None   # the tree to run; for a git revision, exported when first needed
+    offload: bool = False # --offload-b: the optimizer state in a file
 
     @property
     def description(self):
         return self.sha if self.sha else str(self.folder)
 
     def cache_path(self, config):
-        return CACHE_DIR / self.sha / f"{config.name}.npz" if self.sha else None
+        return CACHE_DIR / self.sha / f"{config.name}.npz" if self.sha and not self.offload else None
 
 
 def fail(message):
@@ -311,6 +316,10 @@ def run_one(command, folder, groups):
 
 def train(config, revision, spellings, out, groups):
     command = train_command(config, spellings, out)
+    if revision.offload:                            # a folder per run: two runs cannot share one
+        folder = out.with_suffix(".offload")
+        folder.mkdir()
+        command += ["--offload-optimizer", "file", "--offload-dir", str(folder)]
     returncode, stderr = run_one(command, revision.folder, groups)
     if returncode == 0 and out.is_file():
         return RunResult(npz=out)
@@ -453,6 +462,7 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="a 32-run subset: N 2,3; float32, bf16; grad-accum 2")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default: 2)")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run (default: 4)")
+    parser.add_argument("--offload-b", action="store_true", help="REV_B's runs keep their optimizer state in a file")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.steps < 1:
         parser.error("--jobs and --steps must be at least 1")
@@ -462,6 +472,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     revisions = [resolve_revision(args.rev_a), resolve_revision(args.rev_b)]
+    revisions[1].offload = args.offload_b
     configs = config_matrix(args.quick, args.steps)
     COMPARE_DIR.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="tmp-", dir=COMPARE_DIR))

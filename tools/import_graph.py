@@ -36,8 +36,9 @@ BUILDS_ON = {
     "devices": (),
     "hierarchy": (),
     "observe": (),
+    "offload": (),
     "overlap": ("observe",),          # the call sites --check-collectives names
-    "plan": ("hierarchy", "overlap"),  # the run's engine, on buffers that take no memory
+    "plan": ("hierarchy", "offload", "overlap"),  # the run's engine, on buffers that take no memory
 }
 LAYERS = tuple(BUILDS_ON)
 

@@ -46,6 +46,11 @@ class AdamConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
 
+    def optimizer(self, numel, precision, ledger):
+        """The AdamW state for numel elements, in the ledger's device memory (zerompi/offload/
+        builds the same optimizer with its state in host memory or a file)."""
+        return AdamW(numel, precision, self, ledger)
+
 
 class AdamW:
     """State for `numel` elements: a rank's owned shards, or everything in stage 0."""
@@ -68,13 +73,16 @@ class AdamW:
 
     def update(self, param, grad, state_slice, lr, grad_multiplier=1.0):
         """In place: param, grad (n,) are the elements whose state is [state_slice] of master, m, v."""
-        c = self.config
-        decay = 1.0 - lr * c.weight_decay
-        step_size = lr / (1.0 - c.beta1 ** self.t)
-        sqrt_bias2 = math.sqrt(1.0 - c.beta2 ** self.t)
+        decay, step_size, sqrt_bias2 = self.constants(lr)
         master = param if self.master is None else self.master[state_slice]
         m, v = self.m[state_slice], self.v[state_slice]
-        self.device.adamw(param, grad, master, m, v, grad_multiplier, decay, step_size, sqrt_bias2, c, self.work)
+        self.device.adamw(param, grad, master, m, v, grad_multiplier, decay, step_size, sqrt_bias2, self.config,
+                          self.work)
+
+    def constants(self, lr):
+        """(decay = 1 - lr wd, step_size = lr / (1 - beta1^t), sqrt_bias2 = sqrt(1 - beta2^t)) of step t."""
+        c = self.config
+        return 1.0 - lr * c.weight_decay, lr / (1.0 - c.beta1 ** self.t), math.sqrt(1.0 - c.beta2 ** self.t)
 
 
 def adamw_chunked(param, grad, master, m, v, grad_multiplier, decay, step_size, sqrt_bias2, c, scratch,

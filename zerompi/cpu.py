@@ -86,6 +86,10 @@ class CPU:
         """A host byte buffer for staging (page-locked on a GPU device; plain memory here)."""
         return np.zeros(nbytes, dtype=np.uint8)
 
+    def host_zeros(self, shape, dtype):
+        """A zeroed array in host memory (page-locked on a GPU device; here the device's own)."""
+        return np.zeros(shape, dtype=dtype)
+
     def copy_to_host(self, device_array, host_array):
         np.copyto(host_array, device_array)
 

@@ -16,6 +16,7 @@ Memory (zerompi/ledger.py allocates every buffer with `zeros`; zerompi/comm.py m
     copy_to_host / copy_from_host     synchronous copies between device and host arrays
     upload(host, device_array)        a copy queued without waiting (from pinned host memory)
     pinned_bytes(nbytes)              a host byte buffer for staging (page-locked on a GPU)
+    host_zeros(shape, dtype)          a zeroed host array (page-locked on a GPU; zerompi/offload/)
     synchronize(), make_current()     wait for queued work; make it the thread's current device
     take(array, index, out, axis)     out = array.take(index, axis), no temporary
 

@@ -48,6 +48,8 @@ from collections import defaultdict
 from .cpu import CPU
 
 MEMORY_KINDS = ("params", "grads", "optimizer", "work", "activations")
+# where a buffer lives: the device's memory, or (zerompi/offload/) a GPU run's host memory or a file
+TIERS = DEVICE, HOST, FILE = "device", "host", "file"
 
 # what a collective is for: the ledger counts training traffic by purpose
 GRADS = "grads"                  # gradient reductions
@@ -66,19 +68,23 @@ RING_FACTOR = {REDUCE_SCATTER: 1, ALLGATHER: 1, ALLREDUCE: 2}
 class MemoryLedger:
     def __init__(self, device=None):
         self.device = device if device is not None else CPU()   # where alloc puts buffers
-        self.bytes_by_kind = dict.fromkeys(MEMORY_KINDS, 0)
-        self.buffers = []          # (kind, name, shape, dtype, nbytes) of every allocation
+        self.bytes_by_kind = dict.fromkeys(MEMORY_KINDS, 0)   # in the device's memory
+        self.bytes_by_tier = dict.fromkeys(TIERS, 0)
+        self.buffers = []          # (kind, name, shape, dtype, nbytes, tier) of every allocation
 
     def alloc(self, kind, name, shape, dtype):
         """A zeroed buffer of the given shape on the device, recorded under kind."""
         return self.record(kind, name, self.device.zeros(shape, dtype))
 
-    def record(self, kind, name, buffer):
-        """Record a buffer allocated elsewhere (pinned host staging); returns it."""
+    def record(self, kind, name, buffer, tier=DEVICE):
+        """Record a buffer allocated elsewhere (pinned host staging; a tier's state); returns it.
+        bytes_by_kind counts the device's memory, bytes_by_tier every tier."""
         if kind not in self.bytes_by_kind:
             raise ValueError(f"unknown memory kind {kind!r}")
-        self.bytes_by_kind[kind] += buffer.nbytes
-        self.buffers.append((kind, name, buffer.shape, buffer.dtype.name, buffer.nbytes))
+        if tier == DEVICE:
+            self.bytes_by_kind[kind] += buffer.nbytes
+        self.bytes_by_tier[tier] += buffer.nbytes
+        self.buffers.append((kind, name, buffer.shape, buffer.dtype.name, buffer.nbytes, tier))
         return buffer
 
     @property

@@ -91,14 +91,14 @@ def test_deepspeed_fp16_and_warmup_lr(tmp_path):
 
 def test_every_unsupported_deepspeed_setting_is_named_in_one_message(tmp_path):
     ds = write(tmp_path, "ds.json", {
-        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": True},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "tape"}, "overlap_comm": True},
         "fp16": {"enabled": True, "hysteresis": 2},
         "optimizer": {"type": "Lamb", "params": {"lr": 1e-3}},
         "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-3}},
         "wall_clock_breakdown": False})
     message = error_of(["--deepspeed-config", ds])
     assert message.startswith(f"{ds}: unsupported DeepSpeed settings: ")
-    for name in ("zero_optimization.offload_optimizer.device='cpu'", "fp16.hysteresis=2", "optimizer.type='Lamb'",
+    for name in ("zero_optimization.offload_optimizer.device='tape' (none, cpu or nvme)", "fp16.hysteresis=2", "optimizer.type='Lamb'",
                  "scheduler.params.warmup_type='log'"):
         assert name in message, (name, message)
     assert "wall_clock_breakdown" not in message and "overlap_comm" not in message     # accepted, mapped
@@ -489,20 +489,39 @@ WARMUP_LOG = (", scheduler.params.warmup_type='log' (DeepSpeed's default is 'log
               "set 'linear')")
 
 
+PARAMS_REFUSED = "(zerompi offloads the optimizer state, not yet the parameters: 'none')"
+
+
 @pytest.mark.parametrize("ds, refused", [
-    (DEEPSPEED_TUTORIAL_ZERO3_OFFLOAD, "zero_optimization.offload_optimizer.device='cpu' (zerompi does not offload: "
-     "'none'), zero_optimization.offload_param.device='cpu' (zerompi does not offload: 'none')"),
-    (TRANSFORMERS_ZERO2, "zero_optimization.offload_optimizer.device='cpu' (zerompi does not offload: 'none')"
-     + WARMUP_LOG),
-    (TRANSFORMERS_DOCS_ZERO3_NVME, "zero_optimization.offload_optimizer.device='nvme' (zerompi does not offload: "
-     "'none'), zero_optimization.offload_param.device='nvme' (zerompi does not offload: 'none')" + WARMUP_LOG),
-    (TRANSFORMERS_ZERO3, "zero_optimization.offload_optimizer.device='cpu' (zerompi does not offload: 'none'), "
-     "zero_optimization.offload_param.device='cpu' (zerompi does not offload: 'none'), fp16.hysteresis=2 "
+    (DEEPSPEED_TUTORIAL_ZERO3_OFFLOAD, f"zero_optimization.offload_param.device='cpu' {PARAMS_REFUSED}"),
+    (TRANSFORMERS_ZERO2, WARMUP_LOG[2:]),
+    (TRANSFORMERS_DOCS_ZERO3_NVME, "zero_optimization.offload_optimizer.buffer_count, "
+     f"zero_optimization.offload_param.device='nvme' {PARAMS_REFUSED}" + WARMUP_LOG),
+    (TRANSFORMERS_ZERO3, f"zero_optimization.offload_param.device='cpu' {PARAMS_REFUSED}, fp16.hysteresis=2 "
      "(zerompi halves the scale at every overflow: 1)" + WARMUP_LOG),
-], ids=["deepspeed-zero3-offload", "transformers-zero2", "transformers-zero3-nvme", "transformers-zero3"])
-def test_published_configs_that_offload_are_refused_in_one_line_naming_the_keys(tmp_path, ds, refused):
+    ({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": False}}},
+     "zero_optimization.offload_optimizer.pin_memory=false (zerompi always pins and pipelines its tiers)"),
+], ids=["deepspeed-zero3-offload", "transformers-zero2", "transformers-zero3-nvme", "transformers-zero3",
+        "unpinned"])
+def test_published_configs_that_offload_what_zerompi_cannot_are_refused_naming_the_keys(tmp_path, ds, refused):
     path = write(tmp_path, "ds.json", ds)
     assert error_of(["--deepspeed-config", path]) == f"{path}: unsupported DeepSpeed settings: {refused}"
+
+
+@pytest.mark.parametrize("offload, expected", [
+    ({"device": "cpu", "pin_memory": True}, dict(offload_optimizer="host", offload_dir="")),
+    ({"device": "nvme", "nvme_path": "NVME", "pin_memory": True, "fast_init": False},
+     dict(offload_optimizer="file", offload_dir="NVME")),
+    ({"device": "none", "nvme_path": "ignored"}, dict(offload_optimizer="none", offload_dir="")),
+])
+def test_deepspeed_optimizer_offload_maps_onto_the_offload_flags(tmp_path, offload, expected):
+    if offload["device"] == "nvme":                        # a folder of its own, holding no input
+        (tmp_path / "nvme").mkdir()
+        offload = dict(offload, nvme_path=str(tmp_path / "nvme"))
+        expected = dict(expected, offload_dir=str(tmp_path / "nvme"))
+    ds = dict(_without_offload(TRANSFORMERS_ZERO2), zero_optimization={"stage": 2, "offload_optimizer": offload})
+    cfg = parse_args(["--deepspeed-config", write(tmp_path, "ds.json", ds)], num_ranks=4)
+    assert {name: getattr(cfg, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize("ds, refused", [

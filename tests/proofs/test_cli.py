@@ -225,7 +225,7 @@ def _write(name, text):
 _toml_unknown_keys = _write("run.toml", "stage = 1\nbatchsize = 4\nlearning_rate = 0.1\n")
 _toml_invalid = _write("run.toml", "stage = \n")
 _toml_bad_value = _write("run.toml", 'lr = "fast"\n')
-_ds_unsupported = _write("ds.json", '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},'
+_ds_unsupported = _write("ds.json", '{"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},'
                                     ' "optimizer": {"type": "Lamb"}, "wall_clock_breakdown": false}')
 _ds_inconsistent = _write("ds.json", '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}')
 _ds_invalid = _write("ds.json", '{"zero_optimization": {"stage": 2},}')
@@ -298,7 +298,8 @@ BAD_INPUTS = [
     ("config-bad-value", ["--config", "{input}"], "run.toml: lr='fast' must be a number",
      _toml_bad_value, (2,)),
     ("deepspeed-unsupported", ["--deepspeed-config", "{input}"], "unsupported DeepSpeed settings: "
-     "zero_optimization.offload_optimizer.device='cpu' (zerompi does not offload: 'none'), optimizer.type='Lamb'",
+     "zero_optimization.offload_param.device='cpu' (zerompi offloads the optimizer state, not yet the parameters: "
+     "'none'), optimizer.type='Lamb'",
      _ds_unsupported, (2,)),
     ("deepspeed-inconsistent-batch", ["--config", "{input}"], "--batch-size 12, --micro-batch-size 4 and "
      "--grad-accum 2 disagree on 3 ranks", _ds_inconsistent, (3,)),
@@ -523,7 +524,7 @@ def test_exit_statuses_keep_their_numbers():
     from zerompi.util.exit_codes import ExitCode
     assert {code.name: int(code) for code in ExitCode} == {
         "OK": 0, "FAILED": 1, "BAD_INPUT": 2, "DIVERGED": 3, "PREEMPTED": 4, "COLLECTIVE_MISMATCH": 5,
-        "COLLECTIVE_TIMEOUT": 6, "OUT_OF_MEMORY": 7, "INTERRUPTED": 130}
+        "COLLECTIVE_TIMEOUT": 6, "OUT_OF_MEMORY": 7, "OFFLOAD_FAILED": 8, "INTERRUPTED": 130}
 
 
 # ----------------------------------------------------------------------------------------------

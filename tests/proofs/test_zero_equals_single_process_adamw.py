@@ -193,7 +193,7 @@ def test_accumulation_keeps_no_full_gradient_in_stages_2_and_3(stage):
     sizes = SIZES[0]
     k = micro_batches_for(MPI.COMM_WORLD.Get_size())
     engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, 1), micro_batches=k)
-    grads = [shape for kind, _, shape, _, _ in engine.memory.buffers if kind == "grads"]
+    grads = [shape for kind, _, shape, *_ in engine.memory.buffers if kind == "grads"]
     expected = engine.layout.full_numel if stage <= 1 else engine.layout.shard_numel
     assert grads == [(expected,)]
 

@@ -3,7 +3,7 @@ ledgers of a real run of the same configuration on this N, rank by rank.
 
 For every stage, float32 and bf16, one and two micro-batches, overlap off and on, and (where N
 allows) hybrid sharding over every group size dividing N and hpZ over every node size dividing
-N: a real engine trains STEPS steps; its MemoryLedger (every buffer: kind, name, shape, dtype,
+N, and with the optimizer state in a file (zerompi/offload/): a real engine trains STEPS steps; its MemoryLedger (every buffer: kind, name, shape, dtype,
 bytes) equals the plan's, and its CommLedger (calls, ring bytes and elements, inter-node bytes
 and elements, per operation and purpose) equals STEPS times the plan's one step.
 """
@@ -12,6 +12,7 @@ import pytest
 from helpers import make_batches, train_zero
 from zerompi.comm import Communicator
 from zerompi.hierarchy import FLAT, Grouping
+from zerompi.offload import FileTier, OffloadedAdamConfig
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_run
 from zerompi.precision import precision_for
@@ -39,16 +40,17 @@ def ledger_rows(ledger, times=1):
             for key, e in ledger.entries.items()}
 
 
-def check(stage, dtype, micro_batches, overlap, grouping):
+def check(stage, dtype, micro_batches, overlap, grouping, offload=None):
     comm = Communicator()
+    adam = OffloadedAdamConfig(tier=offload) if offload else None
     batches = make_batches(SIZES, STEPS, rows=24 * micro_batches)
     config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
     engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
-                                 overlap=config, grouping=grouping)
+                                 overlap=config, grouping=grouping, adam=adam)
     assert all(r.applied for r in results)
     engine.stage.finish_communication()          # --overlap: the last step's all-gathers recorded
     shape = RunShape(tuple(SIZES), stage, precision_for(dtype), 24 // comm.size, comm.size, micro_batches,
-                     grouping, config, comm.node_of_rank)
+                     grouping, config, comm.node_of_rank, offload=offload)
     plan = plan_run(shape, comm.rank)
     assert plan.buffers == engine.memory.buffers
     assert plan.bytes_by_kind == engine.memory.bytes_by_kind
@@ -71,3 +73,11 @@ def test_plan_equals_the_ledgers_of_a_hierarchical_run(stage, dtype):
         if grouping.hpz_node_size and stage != 3:
             continue
         check(stage, dtype, 2, False, grouping)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_plan_equals_the_ledgers_of_an_offloaded_run(stage, dtype, tmp_path):
+    """The plan's file tier makes no file, and ledgers what the run's does (its tier included)."""
+    check(stage, dtype, 1, False, FLAT, FileTier(str(tmp_path), WORLD.rank))

@@ -16,6 +16,7 @@ from zerompi.cpu import CPU
 from zerompi.hierarchy import FLAT, Grouping
 from zerompi.layout import Layout
 from zerompi.model import INIT_CHUNK
+from zerompi.offload import FileTier
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_memory, plan_run
 from zerompi.plan.preflight import (RUNTIME_RESERVE, fewest_ranks, need_bytes, preflight_error,
@@ -65,13 +66,16 @@ def test_at_the_boundary_the_plan_fits_and_one_byte_less_does_not():
 def test_a_refusal_names_the_stages_that_fit_on_these_ranks_with_their_needs():
     needs = [need_bytes(replace(WIDE, stage=s)) for s in range(4)]
     assert needs[0] > needs[1] > needs[2] > needs[3]
+    offloaded = need_bytes(replace(WIDE, stage=3, offload=FileTier(None, 0)))   # the state in a file
+    assert offloaded < needs[3] - 8 * WIDE.num_params // 4 + 10 ** 7                # K Psi / N less (tiles aside)
     message = preflight_error(WIDE, 0, Limited(needs[1] - 1), 4)
     assert message == (f"stage 0 on 4 ranks needs {needs[0] / 1e9:.1f} GB per rank, {(needs[1] - 1) / 1e9:.1f} GB "
-                       f"available (set by the test): stage 2 ({needs[2] / 1e9:.1f} GB) or stage 3 "
-                       f"({needs[3] / 1e9:.1f} GB) fit on 4 ranks")
+                       f"available (set by the test): stage 2 ({needs[2] / 1e9:.1f} GB), stage 3 "
+                       f"({needs[3] / 1e9:.1f} GB) or stage 3 with --offload-optimizer file "
+                       f"({offloaded / 1e9:.1f} GB) fit on 4 ranks")
     assert "\n" not in message
-    one = preflight_error(WIDE, 0, Limited(needs[3]), 4)
-    assert one.endswith(f"stage 3 ({needs[3] / 1e9:.1f} GB) fits on 4 ranks")
+    one = preflight_error(WIDE, 0, Limited(offloaded), 4)
+    assert one.endswith(f"stage 3 with --offload-optimizer file ({offloaded / 1e9:.1f} GB) fits on 4 ranks")
 
 
 def test_when_no_stage_fits_it_names_the_fewest_ranks_on_which_stage_3_does():
@@ -99,8 +103,10 @@ def test_the_hierarchical_variants_are_planned_and_offered_at_their_stages():
     secondary = plan_memory(hpz).bytes_by_kind["params"] - plan_memory(flat3).bytes_by_kind["params"]
     assert secondary == 4 * Layout(WIDE.sizes, 8).full_numel // 4     # the node's slice, P Psi_pad / L
     message = preflight_error(hpz, 0, Limited(need_bytes(flat3)), 8)
-    assert message.startswith("stage 3 with hpZ on 8 ranks needs") and message.endswith("stage 3 (" +
-                                                                                        f"{need_bytes(flat3) / 1e9:.1f} GB) fits on 8 ranks")
+    offloaded = need_bytes(replace(flat3, offload=FileTier(None, 0)))
+    assert message.startswith("stage 3 with hpZ on 8 ranks needs") and message.endswith(
+        f"stage 3 ({need_bytes(flat3) / 1e9:.1f} GB) or stage 3 with --offload-optimizer file "
+        f"({offloaded / 1e9:.1f} GB) fit on 8 ranks")
 
 
 def dry_run(*flags, env=None):

@@ -120,3 +120,20 @@ def test_memory_preflight_example_refuses_stage_0_and_trains_stage_3(tmp_path):
     assert "stage 3 (" in errors[0], out
     assert out.count("exit status 2") == 1 and out.count("exit status 0") == 1, out
     assert "held-out accuracy" in out and "Traceback" not in out, out
+
+
+def test_offload_example_trains_under_the_cap_that_refuses_stage_3_in_memory(tmp_path):
+    """examples/offload_under_a_memory_cap.sh, as docs/offload.md shows it: under the cap the
+    preflight refuses in-memory stage 3 and names the file tier; the file tier trains, prints its
+    bytes per tier, and saves the uncapped in-memory run's weights bit for bit."""
+    env = dict(os.environ, PATH=os.path.dirname(mpirun()) + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1")
+    result = subprocess.run(["sh", os.path.join(ROOT, "examples", "offload_under_a_memory_cap.sh"), str(tmp_path)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    errors = [line for line in out.splitlines() if line.startswith("zerompi: error:")]
+    assert len(errors) == 1 and errors[0].startswith("zerompi: error: stage 3 on 2 ranks needs "), out
+    assert errors[0].endswith("stage 3 with --offload-optimizer file (427.0 MB) fits on 2 ranks"), out
+    assert out.count("exit status 2") == 1 and "Offloaded optimizer state per rank" in out, out
+    assert result.stdout.rstrip().endswith("the weights are bit for bit the same"), out
+    assert sorted(p.name for p in (tmp_path / "offload").iterdir()) == []      # nothing left behind

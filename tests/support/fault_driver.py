@@ -26,10 +26,15 @@ RANKS is a comma-separated list of ranks, or "all". At 0-based step STEP, on tho
                 rank, a second after its own, sends SIG to TO (self or mpirun) while it waits in
                 the first collective                               (a signal while a peer is away)
     nodemap-stop  the chosen ranks stop just before the node map, MPI's first collective
+    disk-full   creating the offload file (--offload-optimizer file) finds no space: its
+                posix_fallocate fails with ENOSPC (STEP is not used)  (a full disk at start)
+    truncate-offload  before the step, the offload file is cut to 0 bytes through /proc/self/fd,
+                as another process could                           (a file truncated mid-run)
 
 The training itself is the real one (zerompi.train.loop.run.main, real MPI); the driver only wraps the
 step function, so every detection and report under test is zerompi's own.
 """
+import errno
 import os
 import signal
 import sys
@@ -109,6 +114,13 @@ def faulty_train_step(engine, micro_batches, *args):
     if fault.startswith("signal:"):
         send_signals(*fault.split(":")[1:])
         return real_train_step(engine, micro_batches, *args)
+    if fault == "truncate-offload":
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if "zerompi-offload" in os.readlink(f"/proc/self/fd/{fd}"):
+                    os.truncate(f"/proc/self/fd/{fd}", 0)
+            except OSError:                             # a descriptor closed meanwhile
+                pass
     micro_batches = list(micro_batches)
     if fault == "inf-input":
         micro_batches[0][0][0, 0] = np.inf
@@ -130,7 +142,13 @@ def faulty_train_step(engine, micro_batches, *args):
     return real_train_step(engine, micro_batches, *args)
 
 
+def no_space(fd, offset, length):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 zerompi.train.loop.run.train_step = faulty_train_step
+if fault == "disk-full" and faulty:
+    os.posix_fallocate = no_space
 zerompi.train.loop.run.load_data = load_data_blocked_by_a_signal
 zerompi.train.loop.run.parse_args = parse_args_stalled_or_stopped
 zerompi.comm.node_of_rank = node_of_rank_stopped

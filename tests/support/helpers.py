@@ -23,11 +23,13 @@ def make_batches(sizes, steps, seed=1, rows=GLOBAL_BATCH):
 
 
 def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro_batches=1,
-                overlap=OverlapConfig(), grouping=FLAT):
-    """An engine for this rank's share of the global batch, not yet initialized."""
+                overlap=OverlapConfig(), grouping=FLAT, adam=None):
+    """An engine for this rank's share of the global batch, not yet initialized; adam: an
+    AdamConfig with the suite's weight decay (zerompi/offload/'s to offload its state)."""
     comm = comm if comm is not None else Communicator()
     rows = global_batch // (comm.size * micro_batches)
-    return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), AdamConfig(weight_decay=WEIGHT_DECAY),
+    adam = adam if adam is not None else AdamConfig(weight_decay=WEIGHT_DECAY)
+    return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), adam,
                         rows, comm, micro_batches, overlap.bucket_mb, overlap.start, hierarchy_for(comm, grouping))
 
 
@@ -46,9 +48,10 @@ def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.
 
 
 def train_zero(stage, sizes, dtype, batches, comm=None, seed=0, micro_batches=1, loss_scale=1.0,
-               max_grad_norm=0.0, overlap=OverlapConfig(), grouping=FLAT):
+               max_grad_norm=0.0, overlap=OverlapConfig(), grouping=FLAT, adam=None):
     """A fresh engine initialized from seed and trained on batches; returns (engine, results)."""
-    engine = make_engine(stage, sizes, dtype, comm, batches[0][0].shape[0], micro_batches, overlap, grouping)
+    engine = make_engine(stage, sizes, dtype, comm, batches[0][0].shape[0], micro_batches, overlap, grouping,
+                         adam)
     engine.init_params(seed)
     return engine, run_steps(engine, batches, micro_batches, loss_scale, max_grad_norm)
 

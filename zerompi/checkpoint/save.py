@@ -60,7 +60,7 @@ def owned_segment(stage, kind, layer, rank):
     owned = stage.owned(layer)
     state, (lo, _) = owned.state, owned.range
     array = {"master": stage.adam.master, "m": stage.adam.m, "v": stage.adam.v}[kind]
-    return array[state][a - lo:b - lo]
+    return array[state.start + a - lo:state.start + b - lo]   # one slice (zerompi/offload/'s state in a file)
 
 
 def write_shard_file(path, dtype, segments):

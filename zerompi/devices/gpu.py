@@ -88,6 +88,11 @@ class GPU(CPU):
         memory = self.xp.cuda.alloc_pinned_memory(max(nbytes, 1))
         return np.frombuffer(memory, dtype=np.uint8, count=nbytes)   # keeps `memory` alive
 
+    def host_zeros(self, shape, dtype):
+        array = self.pinned_bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize).view(dtype).reshape(shape)
+        array[...] = 0
+        return array
+
     def copy_to_host(self, device_array, host_array):
         device_array.get(out=host_array)         # synchronous: waits for the producing kernels
 

@@ -27,6 +27,7 @@ from ..adam import AdamConfig
 from ..engine import build_engine
 from ..hierarchy import FLAT, hierarchy_for
 from ..ledger import METRICS
+from ..offload import OffloadedAdamConfig
 from ..overlap import OverlapConfig
 from .virtual import PlannedCommunicator, VirtualDevice
 
@@ -45,6 +46,8 @@ class RunShape:
     node_of_rank: tuple = None       # None: all ranks on one node
     reads_layers: bool = False       # starts from --init-weights or a checkpoint: whole layers read
     watchdog: bool = False           # --collective-timeout: a watchdog thread for each communicator
+    offload: object = None           # where the optimizer state lives (zerompi/offload/: HostTier,
+                                     # FileTier); None: the device's memory
 
     @property
     def num_params(self):
@@ -55,8 +58,8 @@ class RunShape:
 class RunPlan:
     shape: RunShape
     rank: int
-    bytes_by_kind: dict              # MEMORY_KINDS -> bytes this rank allocates
-    buffers: list                    # (kind, name, shape, dtype, nbytes) of each, as the ledger lists them
+    bytes_by_kind: dict              # MEMORY_KINDS -> bytes this rank allocates in the device's memory
+    buffers: list                    # (kind, name, shape, dtype, nbytes, tier) of each, as the ledger lists them
     ledger: object = None            # one step's CommLedger (None: memory only)
     calls: list = field(default_factory=list)   # one step's PlannedCalls, in order
     threads: int = 0                 # threads the engine starts: --overlap's, the new communicators' watchdogs
@@ -65,11 +68,16 @@ class RunPlan:
     def total_bytes(self):
         return sum(self.bytes_by_kind.values())
 
+    def tier_bytes(self, tier):
+        """Bytes this rank keeps in a tier (zerompi.ledger's DEVICE, HOST, FILE)."""
+        return sum(b[4] for b in self.buffers if b[5] == tier)
+
 
 def build_planned_engine(shape, rank=0, device=None):
     """The engine rank `rank` of the run would build, on buffers that take no memory."""
     comm = PlannedCommunicator(shape.num_ranks, rank, shape.node_of_rank, VirtualDevice(device) if device else None)
-    return build_engine(list(shape.sizes), shape.stage, shape.precision, AdamConfig(), shape.rows, comm,
+    adam = OffloadedAdamConfig(tier=shape.offload.planned()) if shape.offload else AdamConfig()
+    return build_engine(list(shape.sizes), shape.stage, shape.precision, adam, shape.rows, comm,
                         shape.micro_batches, shape.overlap.bucket_mb, shape.overlap.start,
                         hierarchy_for(comm, shape.grouping))
 

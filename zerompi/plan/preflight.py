@@ -27,7 +27,9 @@
                (zerompi/util/inputs.py); on a GPU its free memory, shared by the ranks that use it
 
 If need > available, one line says so with both numbers and names what would fit: the other
-stages on these N ranks (and the same hierarchical variant at other stages), or else the fewest
+stages on these N ranks, stage 3 with --offload-optimizer file (the optimizer state in a file,
+zerompi/offload/: the tile buffers in memory instead), the same hierarchical variant at other
+stages, or else the fewest
 ranks on which stage 3 would fit, as many rows per rank:
 
     stage 0 on 4 ranks needs 3.6 GB per rank, 2.7 GB available (the address-space limit ...):
@@ -42,6 +44,7 @@ import resource
 from dataclasses import replace
 
 from ..hierarchy import FLAT
+from ..offload import FileTier
 from ..memory import MOST_RANKS               # how far the search for the fewest ranks that fit goes
 from ..model import INIT_CHUNK
 from ..util.words import counted, format_bytes
@@ -87,16 +90,20 @@ def need_of(plan):
 
 
 def describe(shape):
-    """'stage 2', 'stage 2 in groups of 4', 'stage 3 with hpZ'."""
+    """'stage 2', 'stage 2 in groups of 4', 'stage 3 with hpZ', 'stage 3 with --offload-optimizer file'."""
+    offload = f" {shape.offload.describe}" if shape.offload else ""
     if shape.grouping.hybrid(shape.num_ranks):
-        return f"stage {shape.stage} in groups of {shape.grouping.shard_group}"
-    return f"stage {shape.stage}{' with hpZ' if shape.grouping.hpz_node_size else ''}"
+        return f"stage {shape.stage} in groups of {shape.grouping.shard_group}{offload}"
+    return f"stage {shape.stage}{' with hpZ' if shape.grouping.hpz_node_size else ''}{offload}"
 
 
 def variants(shape):
-    """The runs a user could choose instead on the same N ranks: flat stages 0-3, and the chosen
+    """The runs a user could choose instead on the same N ranks: flat stages 0-3, and without
+    offload stage 3 with its optimizer state in a file (zerompi/offload/), and the chosen
     hierarchical variant at the stages it exists for."""
     flat = [replace(shape, stage=s, grouping=FLAT) for s in range(4)]
+    if shape.offload is None:
+        flat.append(replace(shape, stage=3, grouping=FLAT, offload=FileTier(None, 0)))
     if shape.grouping.hybrid(shape.num_ranks):
         return flat + [replace(shape, stage=s) for s in (1, 2, 3)]
     if shape.grouping.hpz_node_size:

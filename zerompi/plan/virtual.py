@@ -61,6 +61,9 @@ class VirtualDevice:
     def pinned_bytes(self, nbytes):
         return virtual_array((nbytes,), np.uint8)
 
+    def host_zeros(self, shape, dtype):
+        return virtual_array(shape, dtype)
+
     def __getattr__(self, name):            # name, is_gpu, operand_dtype, linear_work, ...
         return getattr(self.device, name)
 

@@ -44,7 +44,8 @@ def set_layer_params(stage, layer, values, start=0):
     if stage.param_full is None:
         owned.param[first - lo:last - lo] = mine
     if stage.adam.master is not None:
-        stage.adam.master[owned.state][first - lo:last - lo] = mine
+        at = owned.state.start - lo                  # one slice: the state may live in a file (zerompi/offload/)
+        stage.adam.master[at + first:at + last] = mine
 
 
 def full_layer_params(stage, layer):

@@ -20,7 +20,6 @@ gradient is the global mean gradient. Every rank then performs the same Adam upd
 numbers: N copies of identical work and identical memory. That redundancy is what stages 1-3 remove.
 Communication per rank: all-reduce of Psi elements = 2 Psi (N-1)/N.
 """
-from ..adam import AdamW
 from ..layout import bucket_numel
 from ..ledger import GRADS
 from .base import Backward, Owned, ZeroStage
@@ -40,7 +39,7 @@ class Stage0(ZeroStage):
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
-        self.adam = AdamW(layout.full_numel, precision, adam_config, memory)   # state for everything
+        self.adam = adam_config.optimizer(layout.full_numel, precision, memory)   # state for everything
         self.buckets = buckets                     # gradient buckets (layout.gradient_buckets)
         self.bucket_ending_at = {bucket[-1].index: bucket for bucket in buckets}
 

@@ -29,7 +29,6 @@ as all-reduce + all-gather (3 Psi); the ZeRO paper's reduce-scatter version need
 What separates stage 1 from stage 2 is not the collective: here the full-size gradient buffer
 outlives backward (it is reduced only after all of backward); in stage 2 it does not exist.
 """
-from ..adam import AdamW
 from ..collectives import DONE
 from ..ledger import GRADS, PARAMS
 from .base import Backward, Owned, ZeroStage
@@ -44,7 +43,7 @@ class Stage1(ZeroStage):
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_full = memory.alloc("grads", "grad_full", (layout.full_numel,), dtype)
-        self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)  # owned ranges only
+        self.adam = adam_config.optimizer(layout.shard_numel, precision, memory)  # owned ranges only
         self.buckets = buckets                     # gradient buckets (layout.gradient_buckets)
         self.bucket_ending_at = {bucket[-1].index: bucket for bucket in buckets}
         self.param_requests = [DONE] * len(layout.layers)   # each layer's all-gather after the step

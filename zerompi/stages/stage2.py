@@ -25,7 +25,6 @@ Communication per rank: the same 2 Psi (N-1)/N as stages 0 and 1 (times the micr
 gradients: the price of not keeping a full gradient between them); only its timing moved into
 backward, where it overlaps with the backward of earlier layers.
 """
-from ..adam import AdamW
 from ..collectives import DONE
 from ..ledger import GRADS, PARAMS
 from .base import Backward, LayerGradBuffers, Owned, ZeroStage
@@ -40,7 +39,7 @@ class Stage2(ZeroStage):
         dtype = precision.storage
         self.param_full = memory.alloc("params", "param_full", (layout.full_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
-        self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)
+        self.adam = adam_config.optimizer(layout.shard_numel, precision, memory)
         self.layer_grads = LayerGradBuffers(self.layer_buffers("layer_grad", collectives.buffers_in_flight))
         self.param_requests = [DONE] * len(layout.layers)   # each layer's all-gather after the step
 

@@ -28,7 +28,6 @@ arrive while layer u computes. This file does not change for it.
 Communication per rank: two all-gathers and one reduce-scatter of Psi = 3 Psi (N-1)/N, 1.5x the
 other stages: the price of not keeping the parameters.
 """
-from ..adam import AdamW
 from ..ledger import GRADS
 from .base import Backward, LayerGradBuffers, Owned, ZeroStage
 
@@ -42,7 +41,7 @@ class Stage3(ZeroStage):
         dtype = precision.storage
         self.param_shard = memory.alloc("params", "param_shard", (layout.shard_numel,), dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
-        self.adam = AdamW(layout.shard_numel, precision, adam_config, memory)
+        self.adam = adam_config.optimizer(layout.shard_numel, precision, memory)
         ahead = min(collectives.prefetch, len(layout.layers) - 1)   # 0 without --overlap --prefetch
         self.param_gather = collectives.layer_gather(self.layer_buffers("param_gather", 1 + ahead),
                                                      self.param_shard_of)

@@ -23,6 +23,10 @@ so a job script can branch on mpirun's status:
                             processes took memory, fragmentation): one line naming the rank,
                             no traceback; the run's outputs are as a killed run leaves them
                             (checkpoints whole: each is written to a temporary name first)
+    OFFLOAD_FAILED       8  an offload file (--offload-optimizer file) could not be created (a full
+                            disk), read or written (an I/O error, a file cut short by another
+                            process): one line naming the rank and the file; the last checkpoint
+                            is whole, the scratch files gone (zerompi/offload/stores.py)
     INTERRUPTED        130  a signal ended the run at once, without a checkpoint: SIGINT, SIGTERM
                             or SIGUSR1 outside the training loop, SIGINT or SIGTERM in it without
                             --save-dir, or a second SIGINT (zerompi/train/loop/signals.py); 130 is the
@@ -43,6 +47,7 @@ class ExitCode(IntEnum):
     COLLECTIVE_MISMATCH = 5
     COLLECTIVE_TIMEOUT = 6
     OUT_OF_MEMORY = 7
+    OFFLOAD_FAILED = 8
     INTERRUPTED = 130
 
 
@@ -56,5 +61,6 @@ EXIT_MEANINGS = {
     ExitCode.COLLECTIVE_MISMATCH: "--check-collectives: the ranks disagreed",
     ExitCode.COLLECTIVE_TIMEOUT: "a collective waited past --collective-timeout",
     ExitCode.OUT_OF_MEMORY: "memory ran out after the preflight: one line",
+    ExitCode.OFFLOAD_FAILED: "an offload file not created, read or written: one line",
     ExitCode.INTERRUPTED: "a signal ended the run at once, no checkpoint",
 }

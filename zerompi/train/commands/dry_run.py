@@ -32,7 +32,7 @@ from ...cpu import CPU
 from ...util.exit_codes import ExitCode
 from ...hierarchy import FLAT
 from ...util.inputs import printable
-from ...ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
+from ...ledger import ALLGATHER, ALLREDUCE, FILE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
 from ...memory import MOST_RANKS, model_size_error, ring_traffic
 from ...mpi import first_number, launcher_rank
 from ...util.pipes import until_reader_leaves
@@ -93,7 +93,7 @@ def dry_run_text(argv, environ, ranks, ranks_per_node):
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
     if model_size_error(sizes):
         raise ArgumentError(model_size_error(sizes))
-    chosen = run_shape(cfg, sizes, num_ranks, grouping, node_of_rank)
+    chosen = run_shape(cfg, sizes, num_ranks, grouping, node_of_rank)      # the CPU path: host is no tier
     shown = [replace(chosen, stage=stage, grouping=FLAT) for stage in range(4)]     # at most 5 columns
     shown += [] if chosen in shown else [chosen]
     edge = per_node - 1                      # the last rank of node 0: its ring successor is on node 1
@@ -112,7 +112,7 @@ def format_plans(chosen, plans, edge_plans, per_node):
              f"{counted(s.micro_batches, 'micro-batch')}"
              f"{', overlap' if s.overlap.enabled else ''}; * = the chosen run", ""]
     names = [describe(p.shape).replace("stage ", "st ").replace(" in groups of ", " S=")
-             .replace(" with hpZ", " hpZ") + ("*" if p.shape == s else "") for p in plans]
+             .replace(" with hpZ", " hpZ").replace(" with --offload-optimizer ", " ") + ("*" if p.shape == s else "") for p in plans]
 
     def row(label, values):
         return f"{label:<20}" + "".join(f"{v:>11}" for v in values)
@@ -123,9 +123,11 @@ def format_plans(chosen, plans, edge_plans, per_node):
     lines.append(row("  start: init values", [format_bytes(start_transient_bytes(p.shape)) for p in plans]))
     lines.append(row("  MPI, threads, rest", [format_bytes(runtime_bytes(p)) for p in plans]))
     lines.append(row("  needs", [format_bytes(need_of(p)) for p in plans]))
+    if any(p.shape.offload for p in plans):               # --offload-optimizer (zerompi/offload/)
+        lines.append(row("  in a file", [format_bytes(p.tier_bytes(FILE)) for p in plans]))
     bpp = s.precision.bytes_per_param()
-    formulas = [p.shape.grouping.model_state_bytes(p.shape.stage, s.num_params, s.num_ranks, bpp)["total"]
-                for p in plans]
+    formulas = [p.shape.grouping.model_state_bytes(p.shape.stage, s.num_params, s.num_ranks, bpp) for p in plans]
+    formulas = [f["total"] - (f["optimizer"] if p.shape.offload else 0) for f, p in zip(formulas, plans)]
     lines.append(row("  model state", [format_bytes(p.bytes_by_kind["params"] + p.bytes_by_kind["grads"] +
                                                     p.bytes_by_kind["optimizer"]) for p in plans]))
     lines.append(row("    formula at Psi", [format_bytes(f) for f in formulas]))

@@ -109,10 +109,11 @@ def this_process(environ=os.environ):
     return Holder(socket.gethostname(), os.getpid(), process_start(os.getpid()), *slurm)
 
 
-def take_lock(save_dir):
-    """Take save_dir's lock for this process until it ends; returns a one-line note when a stale
-    lock was taken over, else None. Raises CheckpointError (one line) when another run holds it."""
-    path = os.path.join(save_dir, LOCK)
+def take_lock(save_dir, name=LOCK):
+    """Take save_dir's lock (the file `name` in it) for this process until it ends; returns a
+    one-line note when a stale lock was taken over, else None. Raises CheckpointError (one line)
+    when another run holds it. --offload-dir's locks are taken the same way (offload_folder.py)."""
+    path = os.path.join(save_dir, name)
     me = this_process()
     note = None
     for _ in range(ATTEMPTS):
@@ -237,7 +238,7 @@ def _why_stale(path, save_dir, holder, me):
         time.sleep(0.1)
     if _is_holder(holder, me):
         raise CheckpointError(f"{path}: {save_dir} is in use by another run (held by {holder.host}, pid "
-                              f"{holder.pid}); wait for it to end or use another --save-dir")
+                              f"{holder.pid}); wait for it to end or use another folder")
     if holder.pid != me.pid and process_running(holder.pid):
         return f"{holder.describe()}: that pid is now another process's, started after the lock was written"
     return f"{holder.describe()}, a process that has ended"

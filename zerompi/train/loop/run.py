@@ -21,16 +21,8 @@ write of theirs that fails during the run costs one warning line (zerompi/train/
 zerompi/train/outputs/tensorboard.py, zerompi/observe/trace.py), never the run. Inside the loop an
 inf or NaN gets one verdict (zerompi/train/loop/divergence.py), not a RuntimeWarning from every rank.
 
-Exit status (zerompi/util/exit_codes.py): OK 0 done; BAD_INPUT 2 (one line on stderr); DIVERGED 3 a
-non-finite loss or gradient in float32/float64/bf16, non-finite parameters in any dtype, or the
-fp16 loss scale collapsed: the last good weights are saved where --save-weights is set (none when
-the parameters are not finite); PREEMPTED 4 (SIGTERM/SIGUSR1/SIGINT during training with
---save-dir): a checkpoint was written to --save-dir, continue with --resume; INTERRUPTED 130 a
-signal ended the run at once, without a checkpoint (start-up, finish, no --save-dir, a second
-Ctrl-C); COLLECTIVE_MISMATCH 5 the ranks disagreed on a collective (--check-collectives);
-COLLECTIVE_TIMEOUT 6 a collective waited past --collective-timeout (zerompi/observe/watchdog.py;
-once announced, the job never exits 0); FAILED 1 an unexpected failure (traceback, one line
-naming the rank, MPI_Abort).
+Exit status: zerompi/util/exit_codes.py, one enumeration; each `except` of main below maps one kind
+of ending onto it (a signal, an offload file, memory, a bug) and ends the job with one line.
 """
 import math
 import os
@@ -42,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ...adam import AdamConfig
 from ...checkpoint.weights import check_writable, save_weights
 from ...cpu import blas_threads
 from ...devices import communicator_on
@@ -55,6 +46,7 @@ from ...mpi import MpiUnavailable, launcher_rank
 from ...observe import guards_for
 from ...observe.trace import Tracer, create_trace_file
 from ...observe.watchdog import await_announced_abort
+from ...offload import OffloadedAdamW, OffloadError
 from ...plan import RunShape
 from ...plan.preflight import preflight_error
 from ...step import count_correct, train_step
@@ -76,6 +68,7 @@ from .data import Dataset, load_data
 from .divergence import Stalls, not_finite_message, stop, stop_if_parameters_not_finite
 from .end_job import end_job
 from .loss_scale import LossScaler, loss_scale_error
+from .offload_folder import adam_config_for
 from .schedule import learning_rate
 from .signals import ACT_WITHIN_SECONDS, Interrupted, Signals
 from ..outputs.destination import launcher_terminal, live_progress
@@ -128,11 +121,11 @@ def setup(cfg, comm, out):
     agree(comm, data_fields(data), out)                      # the same data on every rank (agreement.py)
     sizes = [data.num_features, *cfg.hidden, cfg.classes or data.num_classes]
     comm.check_all(model_size_error(sizes))
-    adam_config = AdamConfig(cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)
+    adam_config = adam_config_for(cfg, comm, comm.device, out)   # --offload-optimizer (offload_folder.py)
     comm.check_all(comm.thread_level_error() if cfg.overlap else None)
     grouping, error = resolve_grouping(cfg, comm)            # where the ranks are: the node map
     comm.check_all(error)
-    shape = run_shape(cfg, sizes, comm.size, grouping, comm.node_of_rank)   # zerompi/plan/: before allocating
+    shape = run_shape(cfg, sizes, comm.size, grouping, comm.node_of_rank, comm.device.is_gpu, comm.rank)
     comm.check_all(preflight_error(shape, comm.rank, comm.device, ranks_on_node))
     precision, rows = shape.precision, shape.rows            # rows: this rank's rows of one micro-batch
     engine = build_engine(sizes, shape.stage, precision, adam_config, rows, comm, shape.micro_batches,
@@ -172,7 +165,9 @@ def start_metrics(cfg, comm, engine, restarts):
         sinks = ([MetricsFile(cfg.metrics, append=bool(cfg.resume))] if cfg.metrics else []) + \
                 ([TensorBoardLog(cfg.tensorboard)] if cfg.tensorboard else [])
     comm.check_all(next((sink.open_error for sink in sinks if sink.open_error), None))
-    return StepMetrics(comm, engine.memory, cfg.log_every, cfg.steps, restarts, slurm_restarts(os.environ), sinks)
+    offload = engine.stage.adam if isinstance(engine.stage.adam, OffloadedAdamW) else None
+    return StepMetrics(comm, engine.memory, cfg.log_every, cfg.steps, restarts, slurm_restarts(os.environ), sinks,
+                       offload)
 
 
 def train_loop(state, signals):
@@ -380,6 +375,9 @@ def main(argv=None):
     except Interrupted as e:                   # a signal that ends the run at once (signals.py); rank 0 may
         end_job(comm.rank, f"zerompi: error: rank {comm.rank}: {e}", ExitCode.INTERRUPTED,   # be in MPI, its
                 later=2 * ACT_WITHIN_SECONDS)   # watcher acting ACT_WITHIN_SECONDS later: the others wait for it
+    except OffloadError as e:                  # an offload file not created, read or written (zerompi/offload/)
+        signals.stand_down()
+        end_job(comm.rank, f"zerompi: error: rank {comm.rank}: {e}", ExitCode.OFFLOAD_FAILED)
     except MemoryError as e:                   # after the preflight (zerompi/plan/preflight.py): one line
         signals.stand_down()
         end_job(comm.rank, f"zerompi: error: rank {comm.rank} ran out of memory ({e or 'MemoryError'}): other "

@@ -33,6 +33,7 @@ from ..loop.loss_scale import loss_scale_error
 
 
 COMM_CHOICES = ("mpi", "nccl")
+OFFLOAD_CHOICES = ("none", "host", "file")
 REPORT_CHOICES = ("table", "json", "none")
 PROGRESS_CHOICES = ("auto", "live", "lines")
 DTYPE_SHOWN = ("float32", "float64", "bf16", "fp16")             # --help's choices; the other names: aliases
@@ -115,6 +116,13 @@ class TrainConfig:
                               "(docs/multi-node.md)", ZERO, metavar="{world,node,S}")
     hpz: bool = option(False, "stage 3: a second copy of the parameters sharded inside each node, so that "
                        "backward's all-gathers stay in the node (ZeRO++'s hpZ, docs/multi-node.md)", ZERO)
+    offload_optimizer: str = option("none", "where each rank's optimizer state (fp32 master, m, v) lives: none "
+                                    "(the device's memory), host (ZeRO-Offload: pinned host memory, AdamW "
+                                    "on the CPU; on a CPU run the host is the device), file (ZeRO-Infinity: "
+                                    "a scratch file per rank in --offload-dir, read and written in tiles; "
+                                    "docs/offload.md)", ZERO, choices=OFFLOAD_CHOICES)
+    offload_dir: str = option("", "the folder of --offload-optimizer file's scratch files (one per rank, "
+                              "removed however the run ends); may be node-local", ZERO, metavar="DIR")
     check_collectives: bool = option(False, "before each collective, check that every rank calls the same "
                                      "one (kind, size, dtype, call site); stop naming both sides if not",
                                      ZERO)

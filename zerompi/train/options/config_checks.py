@@ -26,6 +26,9 @@ def check_config(cfg, num_ranks):
         return "--comm nccl needs --device gpu (NCCL moves GPU memory only)"
     if not (math.isfinite(cfg.bucket_mb) and cfg.bucket_mb >= 0):
         return f"--bucket-mb must be a finite number >= 0, got {cfg.bucket_mb}"
+    if (cfg.offload_optimizer == "file") != bool(cfg.offload_dir):
+        return ("--offload-optimizer file needs --offload-dir DIR" if cfg.offload_dir == "" else
+                "--offload-dir is the folder of --offload-optimizer file: pass both or neither")
     if cfg.prefetch < 0:
         return f"--prefetch must be >= 0, got {cfg.prefetch}"
     for name in ("steps", "loss_scale_window"):

@@ -28,6 +28,8 @@ such key:
     zero_optimization.mics_shard_size (-1: off)     --shard-group S (hybrid sharding, MiCS)
     zero_optimization.zero_hpz_partition_size       --hpz when > 1 (1: off); the secondary
                                                     partition is over the ranks of each node
+    zero_optimization.offload_optimizer.device      --offload-optimizer host / file (cpu / nvme:
+        cpu / nvme, nvme_path                           zerompi/offload/), --offload-dir nvme_path
     steps_per_print                                 --log-every
 
 "auto" (which Hugging Face Transformers and Accelerate fill in) means: what the command line says,
@@ -60,9 +62,10 @@ Accepted and ignored, because they change nothing in what a step computes:
     offload_param                                   else they hold
     fp16.auto_cast false, consecutive_hysteresis    (hysteresis is 1)
 
-Refused with one line naming the key: offload to "cpu" or "nvme", fp16.hysteresis > 1, a static
-fp16.loss_scale, fp16.auto_cast true, other optimizers and schedulers (WarmupDecayLR, OneCycle,
-...), a stage outside 0-3, and every key not listed here.
+Refused with one line naming the key: offload_param to "cpu" or "nvme", offload_optimizer's keys but
+pin_memory, pipeline_read, pipeline_write (true) and fast_init, fp16.hysteresis > 1, a static loss
+scale, fp16.auto_cast true, other optimizers and schedulers (WarmupDecayLR, OneCycle, ...), a stage
+outside 0-3, and every key not listed here.
 
 Every value is read with DeepSpeed's type (a boolean is a JSON true/false, a number is not a
 string, `optimizer.params` is an object, ...); a value of another type is one line naming it.
@@ -250,12 +253,22 @@ def deepspeed_flags(ds, path, command_line):
     hpz_size = typed(zero, "zero_optimization.", "zero_hpz_partition_size", INTEGER, path)
     if hpz_size is not None and hpz_size > 1:              # 1: off
         flags["--hpz"], keys["--hpz"] = None, "zero_optimization.zero_hpz_partition_size"
-    for key in ("offload_optimizer", "offload_param"):
-        device = typed(typed(zero, "zero_optimization.", key, OBJECT, path, {}), f"zero_optimization.{key}.",
-                       "device", TEXT, path, "none")
-        if device != "none":
-            unsupported.append(f"zero_optimization.{key}.device={_shown(device)} (zerompi does not offload: "
-                               f"'none')")
+    prefix = "zero_optimization.offload_optimizer."
+    offload = typed(zero, "zero_optimization.", "offload_optimizer", OBJECT, path, {})
+    device = typed(offload, prefix, "device", TEXT, path, "none")
+    tier = {"none": "none", "cpu": "host", "nvme": "file"}.get(device)
+    unsupported.extend([] if tier else [f"{prefix}device={_shown(device)} (none, cpu or nvme)"])
+    if tier not in (None, "none"):               # with "none", DeepSpeed reads no other key of it
+        pipeline = ("pin_memory", "pipeline_read", "pipeline_write")           # what zerompi always does
+        leftovers(prefix, offload, {"device", "nvme_path", "fast_init", *pipeline})   # fast_init: DeepSpeed's
+        unsupported.extend(f"{prefix}{key}=false (zerompi always pins and pipelines its tiers)" for key in pipeline
+                           if typed(offload, prefix, key, BOOLEAN, path, True) is False)
+    put("--offload-optimizer", tier, prefix + "device")
+    put("--offload-dir", typed(offload, prefix, "nvme_path", TEXT, path) if tier == "file" else None, prefix + "nvme_path")
+    param_device = typed(typed(zero, "zero_optimization.", "offload_param", OBJECT, path, {}),
+                         "zero_optimization.offload_param.", "device", TEXT, path, "none")
+    unsupported.extend([f"zero_optimization.offload_param.device={_shown(param_device)} (zerompi offloads the "
+                        f"optimizer state, not yet the parameters: 'none')"] if param_device != "none" else [])
 
     for key, flag in (("train_batch_size", "--batch-size"), ("train_micro_batch_size_per_gpu", "--micro-batch-size"),
                       ("gradient_accumulation_steps", "--grad-accum")):

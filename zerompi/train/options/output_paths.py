@@ -3,7 +3,8 @@
 output_overwrites_input(cfg) checks the outputs (--save-weights, --metrics, --trace, --tensorboard,
 --save-dir's checkpoints) against the inputs (--data, --init-weights, --config, --deepspeed-config),
 against each other and against the checkpoint folders (by path, and by device and inode: a hard
-link), before anything is written: one line for config_checks.py's check_config, or None.
+link), and --offload-dir against both, before anything is written: one line for config_checks.py's
+check_config, or None.
 """
 import os
 
@@ -54,6 +55,22 @@ def output_overwrites_input(cfg):
             if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
                 return (f"--save-dir {cfg.save_dir} holds {flag} {path}: checkpoints are written and rotated "
                         f"there; keep the inputs outside it")
+    return offload_dir_problem(cfg.offload_dir, inputs, [cfg.save_dir, resumed]) if cfg.offload_dir else None
+
+
+def offload_dir_problem(offload_dir, inputs, checkpoint_folders):
+    """--offload-dir must be an existing folder, outside every checkpoint folder, holding no input
+    (a dead run's scratch files are removed there, zerompi/train/loop/offload_folder.py)."""
+    if not os.path.isdir(offload_dir):
+        return f"--offload-dir {offload_dir} is not a folder: create it (a node-local disk is best)"
+    folder = os.path.realpath(offload_dir)
+    for checkpoints in filter(None, checkpoint_folders):
+        if os.path.commonpath([folder, os.path.realpath(checkpoints)]) == os.path.realpath(checkpoints):
+            return (f"--offload-dir {offload_dir} is inside the checkpoint folder {checkpoints}: offload files "
+                    f"are scratch, never checkpoints; give them a folder of their own")
+    for flag, path in inputs:
+        if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
+            return f"--offload-dir {offload_dir} holds {flag} {path}: keep the inputs outside it"
     return None
 
 

@@ -3,6 +3,7 @@ takes (zerompi/plan/'s RunShape: sizes, stage, Precision, rows, micro-batches, G
 OverlapConfig, the node map). The run and its --dry-run plan build the same one; below the program
 nothing sees a flag or a dtype's name.
 """
+from ...offload import FileTier, HostTier
 from ...overlap import OverlapConfig
 from ...plan import RunShape
 
@@ -11,8 +12,16 @@ def overlap_config(cfg):
     return OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
 
 
-def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None):
+def offload_tier(cfg, on_gpu, rank):
+    """--offload-optimizer's tier (zerompi/offload/), or None: the device's memory (and a CPU
+    run's host tier, the host being the device)."""
+    if cfg.offload_optimizer == "file":
+        return FileTier(cfg.offload_dir, rank)
+    return HostTier() if cfg.offload_optimizer == "host" and on_gpu else None
+
+
+def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None, on_gpu=False, rank=0):
     """What the run's memory and collectives depend on (RunShape, zerompi/plan/__init__.py)."""
     return RunShape(tuple(sizes), cfg.stage, cfg.precision, cfg.micro_batch_size, num_ranks,
                     cfg.grad_accum, grouping, overlap_config(cfg), node_of_rank, bool(cfg.init_weights or cfg.resume),
-                    cfg.collective_timeout > 0)
+                    cfg.collective_timeout > 0, offload_tier(cfg, on_gpu, rank))

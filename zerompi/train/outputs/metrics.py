@@ -35,6 +35,8 @@ sinks write it: `--metrics FILE.jsonl` (MetricsFile, here: one JSON object per l
                          (stage 1-2 parameter all-gathers finish in the next step's forward; the
                          last step's after the loop, in no line), and its seconds are the
                          communication thread's, not time the step waited
+    offload              --offload-optimizer: rank 0's bytes moved between tiers in this step
+                         (to_host, to_device, file_read, file_written; zerompi/offload/adam.py)
     memory               every rank's MemoryLedger total (all its allocated buffers) and OS peak RSS,
                          in rank order; ONLY on step 1, every --log-every steps and the last step
     comm_per_rank        every rank's ring bytes, inter-node ring bytes and seconds inside MPI in
@@ -84,8 +86,9 @@ class StepMetrics:
     """Collective (at the steps that gather): measures each step into a record for the sinks
     (rank 0's; none on the other ranks)."""
 
-    def __init__(self, comm, memory, memory_every, last_step, restarts, slurm_restarts, sinks):
+    def __init__(self, comm, memory, memory_every, last_step, restarts, slurm_restarts, sinks, offload=None):
         self.comm, self.memory = comm, memory
+        self.offload, self.moved_before = offload, None     # an OffloadedAdamW (zerompi/offload/), or None
         self.memory_every, self.last_step = memory_every, last_step
         self.run = {"restarts": restarts}
         if slurm_restarts is not None:
@@ -95,6 +98,8 @@ class StepMetrics:
 
     def start_step(self):
         self.comm_before = comm_by_purpose(self.comm.ledger)
+        if self.offload is not None:
+            self.moved_before = self.offload.moved()
 
     def end_step(self, step, result, lr, loss_scale, batch_size, seconds):
         """Collective at the steps that gather; rank 0's sinks write the step's record."""
@@ -106,6 +111,9 @@ class StepMetrics:
                   "accuracy": result.correct / batch_size, "lr": lr, "grad_norm": finite_or_none(result.grad_norm),
                   "applied": result.applied, "loss_scale": loss_scale, "step_seconds": seconds,
                   "samples_per_second": batch_size / seconds, "comm": comm}
+        if self.offload is not None:           # waits for the step's last tile write
+            moved = self.offload.moved()
+            record["offload"] = {key: value - getattr(self.moved_before, key) for key, value in vars(moved).items()}
         if ranks is not None:
             record.update(ranks)
         for sink in self.sinks:

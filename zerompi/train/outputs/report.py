@@ -32,11 +32,25 @@ import numpy as np
 
 from ...ledger import MEMORY_KINDS
 from ...memory import passes_over_params, ring_traffic
+from ...offload import OffloadedAdamW
 from ...util.words import counted, format_bytes
 
+MOVES = ("to_host", "to_device", "file_read", "file_written")    # zerompi/offload/'s TierTraffic, per step
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
                           "grads_intra_node_bytes", "grads_inter_node_bytes", "params_intra_node_bytes",
-                          "params_inter_node_bytes", "intra_node_elements", "inter_node_elements")
+                          "params_inter_node_bytes", "intra_node_elements", "inter_node_elements",
+                          "host_bytes", "file_bytes", *(f"{kind}{side}" for side in ("", "_formula") for kind in MOVES))
+
+
+def tier_numbers(engine, steps):
+    """This rank's bytes in the host and file tiers, what it moved between tiers per step (a mean
+    over the steps run: a skipped step moves nothing) and the formula of one step (zerompi/offload/)."""
+    memory, adam = engine.memory, engine.stage.adam
+    tiers = [memory.bytes_by_tier["host"], memory.bytes_by_tier["file"]]
+    if not isinstance(adam, OffloadedAdamW):
+        return tiers + [0.0] * 2 * len(MOVES)
+    moved, formula = adam.moved(), adam.formula_per_step()
+    return tiers + [getattr(moved, kind) / steps for kind in MOVES] + [getattr(formula, kind) for kind in MOVES]
 
 
 def rank_numbers(engine, train_comm, steps):
@@ -51,8 +65,8 @@ def rank_numbers(engine, train_comm, steps):
                     [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps, (grads[1] + params[1]) / steps,
                      (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps,
                      (grads[1] - grads[4]) / steps, grads[4] / steps, (params[1] - params[4]) / steps,
-                     params[4] / steps, (grads[2] + params[2] - inter_elements) / steps, inter_elements / steps],
-                    dtype=np.float64)
+                     params[4] / steps, (grads[2] + params[2] - inter_elements) / steps, inter_elements / steps,
+                     *tier_numbers(engine, steps)], dtype=np.float64)
 
 
 def build_report(engine, train_comm, steps, stage, micro_batches, grouping):
@@ -117,14 +131,16 @@ def format_table(report):
         f"{'rank':>4} {'params':>11} {'grads':>11} {'optimizer':>11} {'model state':>12} "
         f"{'formula':>11} {'work':>11} {'activations':>11} {'peak RSS':>10}",
     ]
-    formula = r["memory_formula_bytes"]["total"]
+    offloaded = any(row["host_bytes"] + row["file_bytes"] for row in r["per_rank"])
+    formula = r["memory_formula_bytes"]["total"] - (r["memory_formula_bytes"]["optimizer"] if offloaded else 0)
     for rank, row in enumerate(r["per_rank"]):
         state = row["params"] + row["grads"] + row["optimizer"]
         lines.append(f"{rank:>4} {format_bytes(row['params']):>11} {format_bytes(row['grads']):>11} {format_bytes(row['optimizer']):>11} "
                      f"{format_bytes(state):>12} {format_bytes(formula):>11} {format_bytes(row['work']):>11} "
                      f"{format_bytes(row['activations']):>11} {format_bytes(row['peak_rss']):>10}")
-    padded = r["memory_formula_padded_bytes"]["total"]
-    lines += [f"     formula at Psi_pad: {padded:,.0f} B; at Psi: {formula:,.0f} B (difference = padding)", "",
+    padded = r["memory_formula_padded_bytes"]["total"] - (r["memory_formula_padded_bytes"]["optimizer"] if offloaded else 0)
+    lines += [f"     formula at Psi_pad: {padded:,.0f} B; at Psi: {formula:,.0f} B (difference = padding)"
+              f"{'; less the offloaded optimizer state' if offloaded else ''}", "",
               "Communication per rank per training step (ring volume counted from each call's buffer, elements)",
               f"{'rank':>4} {'grads':>12} {'params':>12} {'total':>12} {'formula':>12} {'bytes':>10} {'calls':>6}"
               f" {'MPI time':>10}"]
@@ -140,7 +156,27 @@ def format_table(report):
         lines.append("     bytes: 16-bit gradients are summed in float32 (4 bytes per element), parameters "
                      "gathered as 16-bit words (2)")
     lines += ["", *format_node_split(r)]
+    if offloaded:
+        lines += ["", *format_tiers(r)]
     return "\n".join(lines)
+
+
+def format_tiers(report):
+    """--offload-optimizer: each rank's bytes by tier, and what it moved between them per step."""
+    lines = ["Offloaded optimizer state per rank: bytes by tier, and moved between tiers per step "
+             "(counted from each copy, read and write)",
+             f"{'rank':>4} {'device':>10} {'host':>10} {'file':>10} {'to host':>10} {'to device':>10} "
+             f"{'file read':>10} {'file write':>10} {'formula':>10}"]
+    for rank, row in enumerate(report["per_rank"]):
+        device = sum(row[kind] for kind in MEMORY_KINDS)
+        lines.append(f"{rank:>4} {format_bytes(device):>10} {format_bytes(row['host_bytes']):>10} "
+                     f"{format_bytes(row['file_bytes']):>10} " + " ".join(f"{format_bytes(row[k]):>10}" for k in MOVES) +
+                     f" {format_bytes(row['file_read_formula'] + row['file_written_formula']):>10}")
+    row = report["per_rank"][0]
+    lines.append(f"     formula per step that updates: file C x Psi_owned x bytes each way (C = 3 with an fp32 "
+                 f"master, 2 without); GPU: the gradient host-ward {format_bytes(row['to_host_formula'])}, "
+                 f"the parameters device-ward {format_bytes(row['to_device_formula'])}")
+    return lines
 
 
 def format_node_split(report):

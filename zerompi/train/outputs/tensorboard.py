@@ -6,6 +6,7 @@ Every step, at the step number and the record's wall-clock time:
     train/loss  train/accuracy  train/lr  train/grad_norm  train/loss_scale
     time/step_seconds  time/samples_per_second
     comm/<purpose>_bytes  comm/<purpose>_seconds       rank 0's, per purpose (grads, params, metrics)
+    offload/<move>_bytes                               --offload-optimizer: rank 0's bytes between tiers
 
 At the steps that gather every rank's numbers (step 1, every --log-every steps, the last step),
 one value per rank r:
@@ -100,6 +101,7 @@ def scalars(record):
     out = [(tag, record[key]) for tag, key in STEP_TAGS if record[key] is not None]
     for purpose, totals in record["comm"].items():
         out += [(f"comm/{purpose}_bytes", totals["bytes"]), (f"comm/{purpose}_seconds", totals["seconds"])]
+    out += [(f"offload/{kind}_bytes", value) for kind, value in record.get("offload", {}).items()]
     if "memory" in record:
         for kind in ("ledger_bytes", "peak_rss_bytes"):
             out += [(f"memory/{kind}/rank_{r}", v) for r, v in enumerate(record["memory"][kind])]

@@ -1,0 +1,131 @@
+"""Offload changes where the optimizer state lives, not what it computes: with the state in host
+memory or in a file (zerompi/offload/), every stage, N (uneven sizes), dtype, accumulation,
+clipping and fp16 overflow case ends with the same weights, Adam state and step results as the run
+without offload, bit for bit; and the file tier reads and writes each tile once per applied step.
+
+Tiles of 300 elements (TILE_ELEMENTS) are smaller than a layer, so they straddle layers, chunks
+and shards; a tile of the whole state is the other end.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from device_stand_in import StandInGPU
+from helpers import LR, WEIGHT_DECAY, consolidated, make_batches, train_zero
+from zerompi.adam import AdamConfig
+from zerompi.comm import Communicator
+from zerompi.devices import communicator_on
+from zerompi.offload import FileTier, HostTier, OffloadedAdamConfig
+
+SIZES = [12, 37, 53, 19, 7]      # 4 layers of 481, 2014, 1026 and 140 elements: padding at every N > 1
+GLOBAL_BATCH = 48
+TILE_ELEMENTS = 300
+DTYPES = {"float32": np.float32, "float64": np.float64, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
+
+
+def tiers(folder):
+    return {"host": HostTier(), "file": FileTier(str(folder), MPI.COMM_WORLD.Get_rank())}
+
+
+def train(stage, dtype, adam, micro_batches=1, loss_scale=1.0):
+    comm = Communicator()
+    batches = make_batches(SIZES, 4, rows=GLOBAL_BATCH)
+    engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
+                                 loss_scale=loss_scale, max_grad_norm=0.5, adam=adam)
+    adam_state = engine.stage.adam
+    state = [np.array(a[0:a.size]) for a in (adam_state.m, adam_state.v, adam_state.master) if a is not None]
+    return engine, [(r.loss, r.grad_norm, r.correct, r.applied) for r in results], consolidated(engine), state
+
+
+def offloaded(tier, tile=TILE_ELEMENTS):
+    return OffloadedAdamConfig(weight_decay=WEIGHT_DECAY, tier=tier, tile=tile)
+
+
+def assert_same(run, expected):
+    _, results, layers, state = run
+    _, results_expected, layers_expected, state_expected = expected
+    assert results == results_expected
+    for (w, b), (w_expected, b_expected) in zip(layers, layers_expected):
+        assert np.array_equal(w, w_expected) and np.array_equal(b, b_expected)
+    assert len(state) == len(state_expected)
+    for a, a_expected in zip(state, state_expected):
+        assert np.array_equal(a, a_expected)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
+@pytest.mark.parametrize("tier", ["host", "file"])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_offload_saves_the_same_weights(stage, tier, dtype, micro_batches, tmp_path):
+    loss_scale = 2.0 ** 20 if dtype == "fp16" else 1.0     # fp16: steps overflow and are skipped
+    expected = train(stage, DTYPES[dtype], AdamConfig(weight_decay=WEIGHT_DECAY), micro_batches, loss_scale)
+    run = train(stage, DTYPES[dtype], offloaded(tiers(tmp_path)[tier]), micro_batches, loss_scale)
+    assert_same(run, expected)
+    if dtype == "fp16":
+        assert not all(applied for *_, applied in expected[1])    # the overflow case did happen
+    engine = run[0]
+    moved = engine.stage.adam.moved()
+    if tier == "file":
+        applied = sum(applied for *_, applied in run[1])
+        columns = 3 if engine.stage.precision.mixed else 2
+        state_bytes = columns * engine.stage.adam.m.size * np.dtype(engine.stage.precision.compute).itemsize
+        assert moved.file_read == moved.file_written == applied * state_bytes
+    else:
+        assert moved.file_read == moved.file_written == 0
+    assert moved.to_host == moved.to_device == 0                  # a CPU run: nothing crosses to a device
+    engine.stage.adam.close()
+
+
+@pytest.mark.parametrize("tile", [1, 64, 10 ** 6])
+def test_any_tile_size_gives_the_same_weights(tile, tmp_path):
+    expected = train(3, np.float32, AdamConfig(weight_decay=WEIGHT_DECAY))
+    assert_same(train(3, np.float32, offloaded(FileTier(str(tmp_path), 0), tile)), expected)
+
+
+def test_file_tier_holds_nothing_of_the_state_in_memory(tmp_path):
+    """The ledger: master, m, v in the file tier; in memory only three tile buffers and the scratch."""
+    engine = train(1, ml_dtypes.bfloat16, offloaded(FileTier(str(tmp_path), 0)))[0]
+    memory = engine.memory
+    numel = engine.layout.shard_numel
+    assert memory.bytes_by_kind["optimizer"] == 0
+    assert memory.bytes_by_tier["file"] == 3 * numel * 4
+    tiles = [nbytes for kind, name, _, _, nbytes, tier in memory.buffers if name.startswith("offload.tile_buffer")]
+    assert tiles == [3 * TILE_ELEMENTS * 4] * 3
+    assert list(tmp_path.iterdir()) == []                        # unlinked while open: nothing to clean up
+
+
+def test_lr_reaches_the_offloaded_update(tmp_path):
+    """A test that could fail: a different learning rate gives different weights."""
+    batches = make_batches(SIZES, 2, rows=GLOBAL_BATCH)
+    engine, _ = train_zero(1, SIZES, np.float32, batches, adam=offloaded(FileTier(str(tmp_path), 0)))
+    plain, _ = train_zero(1, SIZES, np.float32, batches, adam=AdamConfig(weight_decay=WEIGHT_DECAY / 2))
+    assert LR > 0 and not np.array_equal(consolidated(engine)[0][0], consolidated(plain)[0][0])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("tier", ["host", "file"])
+@pytest.mark.parametrize("stage", [1, 3])
+def test_gpu_host_tier_runs_the_cpu_update(stage, tier, dtype, tmp_path):
+    """On a GPU (the stand-in: device memory that the code must copy to and from), the offloaded
+    update runs on the host in pinned buffers: it equals the CPU run fed the same gradients bit for
+    bit, and counts each piece it moves: the gradient (and, without a master, the parameters)
+    host-ward, the new parameters device-ward, once per applied step."""
+    batches = make_batches(SIZES, 3, rows=GLOBAL_BATCH)
+    expected, _ = train_zero(stage, SIZES, DTYPES[dtype], batches, Communicator(), max_grad_norm=0.5)
+    comm = communicator_on(StandInGPU(), mpi_reads_device_memory=False)
+    engine, results = train_zero(stage, SIZES, DTYPES[dtype], batches, comm, max_grad_norm=0.5,
+                                 adam=offloaded(tiers(tmp_path)[tier]))
+    for (w, b), (w_expected, b_expected) in zip(consolidated(engine), consolidated(expected)):
+        assert np.array_equal(w, w_expected) and np.array_equal(b, b_expected)
+    precision, numel = engine.stage.precision, engine.stage.adam.m.size
+    piece = numel * np.dtype(precision.storage).itemsize          # one pass over the owned elements
+    moved = engine.stage.adam.moved()
+    assert all(r.applied for r in results)
+    assert moved.to_device == len(results) * piece
+    assert moved.to_host == len(results) * piece * (1 if precision.mixed else 2)
+    host = {name: tier_ for _, name, _, _, _, tier_ in engine.memory.buffers}
+    assert host["offload.host_grad"] == host["adam.scratch"] == "host"
+    engine.stage.adam.close()

@@ -1,0 +1,264 @@
+"""Where the offloaded state lives: host memory or a file, read and written in tiles.
+
+A store holds C columns (master, m, v; or m, v) of numel elements each, in the compute dtype,
+and answers two questions:
+
+    tiles_of(state)      during the step: the pieces (lo, hi, view (C, hi - lo)) of the slice
+                         `state`, in order; the updates write into the views
+    read(c, lo, hi)      outside the step (checkpoints, initial values): a copy of column c's
+    write(c, lo, hi, x)  elements lo .. hi - 1, or x written there (Column wraps both as slices)
+
+HostStore: one (C, numel) array in host memory (pinned on a GPU); a piece is a view into it.
+FileStore: one file, tile k's C x T elements contiguous at offset k C T bytes-per-element, and
+the pipeline of zerompi/offload/__init__.py: `start_step` reads tiles 0 and 1 ahead; when AdamW
+has finished tile k, its write and the read of tile k + 2 are queued on the I/O thread (one
+thread, in order, so tile k + 2's read into tile k - 1's buffer comes after that buffer's write).
+
+The file is scratch, never a checkpoint: it is created (O_EXCL), given its whole size at once
+(posix_fallocate: a full disk is found at start, not mid-run), and unlinked while it is open, so
+that the kernel frees it when the process ends, however it ends (kill -9 included); a folder
+removed or made read-only during the run does not reach the open file.
+"""
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..device import to_numpy
+from ..ledger import DEVICE, FILE, HOST
+
+TILE = 1 << 18                # elements per tile: 1 MiB per float32 column (3 buffers of C columns)
+BUFFERS = 3                   # tile buffers of the file tier: being written, being updated, being read
+FILE_PREFIX = "zerompi-offload"
+
+
+class OffloadError(Exception):
+    """An offload file that cannot be created, read or written: one line."""
+
+
+def host_tier(device):
+    """The ledger's tier of host memory: the device's own on a CPU, HOST beside a GPU."""
+    return HOST if device.is_gpu else DEVICE
+
+
+class Column:
+    """Column c of a store as an array of numel elements that is read and written by slices
+    (`adam.m[lo:hi]`, `adam.m[lo:hi] = x`): what checkpoints and initial values use."""
+
+    def __init__(self, store, c, numel, dtype):
+        self.store, self.c = store, c
+        self.shape, self.size, self.dtype = (numel,), numel, np.dtype(dtype)
+        self.nbytes = numel * self.dtype.itemsize
+
+    def range(self, index):
+        lo, hi, step = index.indices(self.size)
+        if step != 1:
+            raise IndexError("an offloaded column is read by contiguous slices")
+        return lo, max(lo, hi)
+
+    def __getitem__(self, index):
+        return self.store.read(self.c, *self.range(index))
+
+    def __setitem__(self, index, values):
+        lo, hi = self.range(index)
+        self.store.write(self.c, lo, hi, np.broadcast_to(to_numpy(values).astype(self.dtype), (hi - lo,)))
+
+
+class HostStore:
+    bytes_read = bytes_written = 0      # no file
+    bytes_in_file = False
+
+    def __init__(self, names, numel, dtype, tile, ledger):
+        self.state = ledger.device.host_zeros((len(names), numel), dtype)   # (C, numel)
+        self.tile = tile
+        tier = host_tier(ledger.device)
+        self.columns = {name: ledger.record("optimizer", f"adam.{name}", self.state[c], tier)
+                        for c, name in enumerate(names)}
+
+    def start_step(self):
+        """Nothing to bring in: the state is in memory."""
+
+    def tiles_of(self, state):
+        for lo in range(state.start, state.stop, self.tile):
+            hi = min(lo + self.tile, state.stop)
+            yield lo, hi, self.state[:, lo:hi]
+
+    def finish(self):
+        """Nothing in flight."""
+
+    def close(self):
+        """Nothing to release but memory."""
+
+
+class FileStore:
+    bytes_in_file = True
+
+    def __init__(self, fd, path, names, numel, dtype, tile, ledger):
+        self.fd, self.path = fd, path
+        self.numel, self.tile, self.dtype = numel, tile, np.dtype(dtype)
+        self.count = len(names)                          # C columns
+        self.buffers = [ledger.record("work", f"offload.tile_buffer{'' if i == 0 else f'.{i + 1}'}",
+                                      ledger.device.host_zeros((self.count * tile,), dtype),
+                                      host_tier(ledger.device)) for i in range(BUFFERS)]
+        self.columns = {name: ledger.record("optimizer", f"adam.{name}", Column(self, c, numel, dtype), FILE)
+                        for c, name in enumerate(names)}
+        self.io = ThreadPoolExecutor(1, thread_name_prefix="zerompi-offload-io")
+        self.reads = [None] * BUFFERS       # the read (a future) that fills each buffer
+        self.in_flight = []                 # every read and write queued since the last finish
+        self.cursor = numel                 # the next element the step updates (numel: no step)
+        self.bytes_read = self.bytes_written = 0     # by the step's reads and writes
+        self.io_seconds = self.waited_seconds = 0.0  # the I/O thread's time in them; AdamW's waiting
+
+    def tile_range(self, k):
+        return k * self.tile, min((k + 1) * self.tile, self.numel)
+
+    def offset(self, k):
+        return k * self.tile * self.count * self.dtype.itemsize
+
+    def start_step(self):
+        self.finish()
+        self.cursor = 0
+        for k in range(min(2, self.tile_count)):
+            self.read_ahead(k)
+
+    @property
+    def tile_count(self):
+        return -(-self.numel // self.tile)
+
+    def read_ahead(self, k):
+        if k < self.tile_count:
+            self.reads[k % BUFFERS] = self.queue(self.read_tile, k)
+
+    def queue(self, work, k):
+        future = self.io.submit(work, k)
+        self.in_flight.append(future)
+        return future
+
+    def tiles_of(self, state):
+        if state.start != self.cursor:
+            raise RuntimeError("the offloaded state is updated once per step, in order")
+        while self.cursor < state.stop:
+            k = self.cursor // self.tile
+            lo, hi = self.tile_range(k)
+            waiting = time.perf_counter()
+            tile = self.reads[k % BUFFERS].result()       # waits for tile k's read; raises its error
+            self.waited_seconds += time.perf_counter() - waiting
+            end = min(hi, state.stop)
+            yield self.cursor, end, tile[:, self.cursor - lo:end - lo]
+            self.cursor = end
+            if end == hi:                                 # tile k is done: write it, read k + 2
+                self.queue(self.write_tile, k)
+                self.read_ahead(k + 2)
+
+    def read_tile(self, k):
+        """I/O thread: tile k into its buffer; returns the buffer as (C, n)."""
+        lo, hi = self.tile_range(k)
+        buffer = self.buffers[k % BUFFERS][:self.count * (hi - lo)]
+        self.io_seconds += self.transfer(os.preadv, buffer, self.offset(k), "read")
+        self.bytes_read += buffer.nbytes
+        return buffer.reshape(self.count, hi - lo)
+
+    def write_tile(self, k):
+        lo, hi = self.tile_range(k)
+        buffer = self.buffers[k % BUFFERS][:self.count * (hi - lo)]
+        self.io_seconds += self.transfer(os.pwritev, buffer, self.offset(k), "write")
+        self.bytes_written += buffer.nbytes
+
+    def transfer(self, call, buffer, offset, what):
+        """One pread or pwrite of the whole buffer at offset (a short one is an error); its seconds."""
+        start = time.perf_counter()
+        try:
+            done = call(self.fd, [buffer], offset)
+        except OSError as e:
+            raise OffloadError(f"cannot {what} the offload file {self.path}: {e.strerror}") from None
+        if done != buffer.nbytes:
+            raise OffloadError(f"the offload file {self.path} is shorter than this run made it "
+                               f"({what} of {buffer.nbytes} bytes at {offset} got {done}): truncated?")
+        return time.perf_counter() - start
+
+    def finish(self):
+        """Wait for every read and write in flight (re-raising the first error)."""
+        in_flight, self.in_flight = self.in_flight, []
+        for future in in_flight:
+            future.result()
+
+    def pieces(self, c, lo, hi):
+        """(file offset, lo, hi) of column c's elements lo .. hi - 1, one per tile they touch."""
+        for k in range(lo // self.tile, -(-hi // self.tile)):
+            first, last = self.tile_range(k)
+            a, b = max(lo, first), min(hi, last)
+            yield self.offset(k) + (c * (last - first) + a - first) * self.dtype.itemsize, a, b
+
+    def read(self, c, lo, hi):
+        self.finish()
+        out = np.empty(hi - lo, self.dtype)
+        for offset, a, b in self.pieces(c, lo, hi):
+            self.transfer(os.preadv, out[a - lo:b - lo], offset, "read")
+        return out
+
+    def write(self, c, lo, hi, values):
+        self.finish()
+        values = np.ascontiguousarray(values)
+        for offset, a, b in self.pieces(c, lo, hi):
+            self.transfer(os.pwritev, values[a - lo:b - lo], offset, "write")
+
+    def close(self):
+        """Wait for the I/O thread, then close the file (already unlinked: the kernel frees it)."""
+        try:
+            self.finish()
+        finally:
+            self.io.shutdown()
+            if self.fd is not None:          # None: a plan's store
+                os.close(self.fd)
+
+
+class HostTier:
+    """ZeRO-Offload: the optimizer state in (pinned) host memory."""
+    describe = "with --offload-optimizer host"
+
+    def planned(self):
+        """The tier a plan builds (zerompi/plan/): host memory on its virtual device holds nothing."""
+        return self
+
+    def open(self, names, numel, dtype, tile, ledger):
+        return HostStore(names, numel, dtype, tile, ledger)
+
+
+class FileTier:
+    """ZeRO-Infinity: the optimizer state in one scratch file per rank in `folder`."""
+
+    describe = "with --offload-optimizer file"
+
+    def __init__(self, folder, rank):
+        self.folder, self.rank = folder, rank
+
+    def planned(self):
+        return PlannedFileTier()
+
+    def file_name(self):
+        return f"{FILE_PREFIX}.{socket.gethostname()}.{os.getpid()}.rank{self.rank}"
+
+    def open(self, names, numel, dtype, tile, ledger):
+        path = os.path.join(self.folder, self.file_name())
+        nbytes = len(names) * numel * np.dtype(dtype).itemsize
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            raise OffloadError(f"cannot create the offload file {path}: {e.strerror}") from None
+        try:
+            os.unlink(path)                        # scratch: freed when the process ends, however
+            if nbytes:
+                os.posix_fallocate(fd, 0, nbytes)  # the whole size now: a full disk is found here
+        except OSError as e:
+            os.close(fd)
+            raise OffloadError(f"cannot give the offload file {path} its {nbytes} bytes: {e.strerror}") from None
+        return FileStore(fd, path, names, numel, dtype, tile, ledger)
+
+
+class PlannedFileTier:
+    """A plan's file tier (zerompi/plan/): the columns and tile buffers ledgered, no file made."""
+
+    def open(self, names, numel, dtype, tile, ledger):
+        return FileStore(None, "(planned)", names, numel, dtype, tile, ledger)

@@ -1,0 +1,61 @@
+"""--offload-optimizer: the AdamConfig a run builds its optimizer from, and the file tier's folder.
+
+    none   zerompi/adam.py's AdamConfig: the state in the device's memory
+    host   zerompi/offload/'s HostTier on a GPU; on a CPU run the host is the device: one warning
+           line, and the run goes on as without offload
+    file   zerompi/offload/'s FileTier in --offload-dir, after the lowest rank of each node took
+           the folder's lock for its host and node (`.zerompi-offload.<host>.node<k>.lock`,
+           zerompi/train/loop/lock.py: two runs cannot share the folder) and removed what a dead
+           run left there; every rank then creates its own file (zerompi/offload/stores.py)
+
+The scratch files are unlinked as soon as they are open, so a run leaves none behind however it
+ends; a file named like one (a run killed in the instant between creating and unlinking it) is
+removed by the next run that takes the lock, when the process it names is no longer running.
+"""
+import os
+import socket
+
+from ...adam import AdamConfig
+from ...checkpoint.files import CheckpointError
+from ...offload import FILE_PREFIX, FileTier, OffloadedAdamConfig
+from ..options.shape import offload_tier
+from ...util.atomic import process_running
+from .lock import take_lock
+
+
+def adam_config_for(cfg, comm, device, out):
+    """Collective: the run's AdamConfig (offloaded as --offload-optimizer says). A folder whose
+    lock another run holds: one line, every rank exits BAD_INPUT."""
+    hyper = dict(beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    tier = offload_tier(cfg, device.is_gpu, comm.rank)
+    if cfg.offload_optimizer == "host" and tier is None:
+        comm.print0("zerompi: warning: --offload-optimizer host on a CPU run: the host is the device, so the "
+                    "state stays where it is (use file to move it out of memory)", file=out)
+    if not isinstance(tier, FileTier):
+        return OffloadedAdamConfig(**hyper, tier=tier) if tier else AdamConfig(**hyper)
+    node = comm.node_of_rank[comm.rank]
+    error = None
+    if comm.rank == comm.node_of_rank.index(node):        # the lowest rank of this node
+        error = lock_and_sweep(cfg.offload_dir, f".{FILE_PREFIX}.{socket.gethostname()}.node{node}.lock", out)
+    comm.check_all(error)                                   # every sweep done before any rank creates its file
+    return OffloadedAdamConfig(**hyper, tier=tier)
+
+
+def lock_and_sweep(folder, lock_name, out):
+    """Take folder's lock for this host and node (a stale one taken over: one line on out), then
+    remove the scratch files of this host's dead runs; a one-line problem, or None."""
+    try:
+        note = take_lock(folder, lock_name)
+    except CheckpointError as e:
+        return f"--offload-dir: {e}"
+    if note:
+        print(note, file=out, flush=True)
+    host_prefix = f"{FILE_PREFIX}.{socket.gethostname()}."
+    for name in os.listdir(folder):
+        pid = name[len(host_prefix):].split(".")[0]
+        if name.startswith(host_prefix) and pid.isdigit() and not process_running(int(pid)):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except FileNotFoundError:
+                pass
+    return None
