@@ -7,6 +7,7 @@
 #
 #     sh examples/offload_under_a_memory_cap.sh [FOLDER]   (default ./offload-demo; ~1 min on 2 cores)
 work=${1:-offload-demo}
+export OMP_NUM_THREADS=1    # one BLAS thread per rank: what a rank maps does not grow with the cores
 mkdir -p "$work/offload" || exit 1
 set -- --stage 3 --hidden 4096,4096,4096 --steps 2 --batch-size 32
 echo "--- mpirun -n 2 python -m zerompi.train $*   (no cap, in memory)"

@@ -8,7 +8,8 @@ about 3 minutes on one GPU; tests/repository/test_gpu_check.py runs it, and skip
        (ZEROMPI_CUDA_AWARE=0) and, where the MPI is CUDA-aware, through the direct path too;
        float32 (with gradient accumulation too), fp16 and bf16 runs must track the CPU's
        weights; --overlap (collectives from the communication thread) and --comm nccl on one
-       rank (NCCL wants a GPU per rank) must match in float64; zerompi/devices/gemm.py's cuBLAS GemmEx
+       rank (NCCL wants a GPU per rank) must match in float64, and so must the optimizer state offloaded
+       to pinned host memory and to a file (zerompi/offload/: AdamW on the CPU); zerompi/devices/gemm.py's cuBLAS GemmEx
        must equal cupy.matmul (float64, every transpose, with and without adding into c) and
        16-bit products must equal float32 products of the same 16-bit values; the GPU device's
        operations (zerompi/devices/gpu.py) must equal the CPU device's on small-integer inputs
@@ -109,6 +110,16 @@ def correctness(cuda_aware, folder, report):
         limits = f"limits max {limit:g}" + ("" if mean_limit is None else f", mean {mean_limit:g}")
         report(f"  stage {stage}  N=2  staged  {dtype:>7} {' '.join(extra)}  max abs diff {largest:.1e}  "
                f"worst tensor mean {worst_mean:.1e}  {'ok' if passed else f'FAILED ({limits})'}")
+    scratch = os.path.join(folder, "offload")           # zerompi/offload/: the CPU's AdamW beside the GPU's
+    os.makedirs(scratch, exist_ok=True)
+    for tier, extra in (("host", ()), ("file", ("--offload-dir", scratch))):
+        cpu, _ = train(2, "cpu", "float64", 3, folder)
+        gpu, _ = train(2, "gpu", "float64", 3, folder, {"ZEROMPI_CUDA_AWARE": "0"},
+                       ("--offload-optimizer", tier, *extra))
+        diff = relative_difference(gpu, cpu)
+        ok &= diff <= 1e-10
+        report(f"  stage 3  N=2  staged  float64 --offload-optimizer {tier}  max rel diff {diff:.1e}  "
+               f"{'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
     if nccl_available():
         cpu, _ = train(1, "cpu", "float64", 3, folder)
         gpu, _ = train(1, "gpu", "float64", 3, folder, extra=("--comm", "nccl"))

@@ -22,6 +22,9 @@ two rows per rank, 60 kB), training from a baseline taken before the engine is b
    ledger's buffers (so steady-state steps leave nothing behind), and no step's traced memory rises
    more than TRANSIENT bytes above where the step started (64 kB, a sixteenth of a 512 x 512 layer:
    a layer-sized temporary exceeds it; NumPy's casting buffer and Python's objects stay below it).
+3. with the optimizer state in a file (zerompi/offload/), the peak is the in-memory run's less the
+   formula's optimizer state, plus the three tile buffers: nothing of m, v or the master stays in
+   memory, and the I/O thread allocates nothing in the loop either.
 """
 import tracemalloc
 
@@ -35,6 +38,7 @@ from zerompi.comm import Communicator
 from zerompi.devices import communicator_on
 from zerompi.layout import bucket_numel
 from zerompi.memory import BytesPerParam, model_state_bytes
+from zerompi.offload import FileTier, OffloadedAdamConfig
 from zerompi.overlap import OverlapConfig
 from zerompi.precision import precision_for
 
@@ -52,7 +56,7 @@ def numpy_bytes():
     return sum(trace.size for trace in snapshot.traces)
 
 
-def measure(stage, device, dtype, micro_batches=1):
+def measure(stage, device, dtype, micro_batches=1, adam=None):
     """Train WARMUP + MEASURED steps under tracemalloc; returns (engine, peak bytes over the
     measured steps above the baseline, NumPy bytes alive after each measured step, the bytes each
     measured step allocated and freed)."""
@@ -65,7 +69,8 @@ def measure(stage, device, dtype, micro_batches=1):
     tracemalloc.start()
     try:
         baseline = tracemalloc.get_traced_memory()[0]
-        engine = make_engine(stage, SIZES, precision.storage, comm, global_batch=rows, micro_batches=micro_batches)
+        engine = make_engine(stage, SIZES, precision.storage, comm, global_batch=rows, micro_batches=micro_batches,
+                             adam=adam)
         engine.init_params(0)
         run_steps(engine, batches[:WARMUP], micro_batches)
         peak = 0
@@ -121,3 +126,24 @@ def test_accumulating_micro_batches_allocates_nothing_per_step(stage, dtype):
     engine, _, alive, transient = measure(stage, "cpu", dtype, micro_batches=2)
     assert alive == [engine.memory.total_bytes] * MEASURED
     assert max(transient) <= TRANSIENT, f"steps allocated {transient} B and freed them"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_an_offloaded_rank_holds_its_formula_less_the_optimizer_state_plus_the_tiles(stage, dtype, tmp_path):
+    engine, peak_in_memory, _, _ = measure(stage, "cpu", dtype)
+    adam = OffloadedAdamConfig(tier=FileTier(str(tmp_path), engine.comm.rank), tile=4096)
+    offloaded, peak, alive, transient = measure(stage, "cpu", dtype, adam=adam)
+    p = precision_for(dtype).bytes_per_param()
+    optimizer = model_state_bytes(stage, engine.layout.full_numel, engine.comm.size,
+                                  BytesPerParam(p.param, p.grad, p.optimizer))["optimizer"]
+    memory = offloaded.memory
+    tiles = sum(nbytes for _, name, _, _, nbytes, _ in memory.buffers if name.startswith("offload.tile_buffer"))
+    assert memory.bytes_by_kind["optimizer"] == 0 and memory.bytes_by_tier["file"] == optimizer
+    assert peak <= peak_in_memory - optimizer + tiles + TRANSIENT, (
+        f"offloaded: {peak:,} B at the peak; in memory {peak_in_memory:,} B, less the optimizer state "
+        f"{optimizer:,} B, plus the tiles {tiles:,} B")
+    assert alive == [memory.total_bytes] * MEASURED
+    assert max(transient) <= TRANSIENT, f"steps allocated {transient} B and freed them"
+    offloaded.stage.adam.close()

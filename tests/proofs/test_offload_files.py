@@ -14,7 +14,10 @@ import time
 import numpy as np
 import pytest
 
+from helpers import make_batches, run_steps, train_zero
 from test_cli import ERROR_MARK, _mpirun, launch, load_weights, run_command, train_ok
+from zerompi.comm import Communicator
+from zerompi.offload import FileTier, OffloadedAdamConfig, OffloadError
 from zerompi.train.loop.lock import this_process
 from zerompi.util.exit_codes import ExitCode
 
@@ -194,3 +197,23 @@ def test_a_signal_with_save_dir_checkpoints_and_exits_4_leaving_no_scratch(tmp_p
                        "--steps", "50", "--save-dir", str(save), *offload(folder)], cwd=tmp_path)
     assert run.returncode == ExitCode.PREEMPTED, run.describe()
     assert "step_00000004" in os.listdir(save) and scratch_files(folder) == []
+
+
+def test_an_io_error_of_the_io_thread_is_raised_in_the_step_that_needs_the_tile(tmp_path):
+    """A write that fails on the I/O thread (here: the file opened read-only under the store) is
+    raised in the main thread, as an OffloadError of one line, by the step that needs its buffer
+    again, or by the next finish()."""
+    batches = make_batches([12, 37, 53, 7], 2, rows=24)
+    adam = OffloadedAdamConfig(tier=FileTier(str(tmp_path), 0), tile=300)
+    engine, _ = train_zero(1, [12, 37, 53, 7], np.float32, batches[:1], Communicator(), adam=adam)
+    store = engine.stage.adam.store
+    (tmp_path / "copy").write_bytes(os.pread(store.fd, os.fstat(store.fd).st_size, 0))
+    read_only = os.open(tmp_path / "copy", os.O_RDONLY)   # reads as the file does; writes fail
+    writable, store.fd = store.fd, read_only
+    try:
+        with pytest.raises(OffloadError, match=r"^cannot write the offload file .*: Bad file descriptor$") as raised:
+            run_steps(engine, batches[1:])
+        assert "\n" not in str(raised.value)
+    finally:
+        store.fd = writable
+        os.close(read_only)

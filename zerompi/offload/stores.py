@@ -105,8 +105,8 @@ class FileStore:
         self.columns = {name: ledger.record("optimizer", f"adam.{name}", Column(self, c, numel, dtype), FILE)
                         for c, name in enumerate(names)}
         self.io = ThreadPoolExecutor(1, thread_name_prefix="zerompi-offload-io")
-        self.reads = [None] * BUFFERS       # the read (a future) that fills each buffer
-        self.in_flight = []                 # every read and write queued since the last finish
+        self.reads = [None] * BUFFERS       # the read (a future) that last filled each buffer
+        self.writes = [None] * BUFFERS      # the write that last emptied it
         self.cursor = numel                 # the next element the step updates (numel: no step)
         self.bytes_read = self.bytes_written = 0     # by the step's reads and writes
         self.io_seconds = self.waited_seconds = 0.0  # the I/O thread's time in them; AdamW's waiting
@@ -129,12 +129,7 @@ class FileStore:
 
     def read_ahead(self, k):
         if k < self.tile_count:
-            self.reads[k % BUFFERS] = self.queue(self.read_tile, k)
-
-    def queue(self, work, k):
-        future = self.io.submit(work, k)
-        self.in_flight.append(future)
-        return future
+            self.reads[k % BUFFERS] = self.io.submit(self.read_tile, k)
 
     def tiles_of(self, state):
         if state.start != self.cursor:
@@ -145,11 +140,13 @@ class FileStore:
             waiting = time.perf_counter()
             tile = self.reads[k % BUFFERS].result()       # waits for tile k's read; raises its error
             self.waited_seconds += time.perf_counter() - waiting
+            if self.writes[k % BUFFERS] is not None:      # tile k - 3's write came before this read:
+                self.writes[k % BUFFERS].result()         # done, and its error raised here
             end = min(hi, state.stop)
             yield self.cursor, end, tile[:, self.cursor - lo:end - lo]
             self.cursor = end
             if end == hi:                                 # tile k is done: write it, read k + 2
-                self.queue(self.write_tile, k)
+                self.writes[k % BUFFERS] = self.io.submit(self.write_tile, k)
                 self.read_ahead(k + 2)
 
     def read_tile(self, k):
@@ -179,10 +176,11 @@ class FileStore:
         return time.perf_counter() - start
 
     def finish(self):
-        """Wait for every read and write in flight (re-raising the first error)."""
-        in_flight, self.in_flight = self.in_flight, []
-        for future in in_flight:
-            future.result()
+        """Wait for every read and write in flight (re-raising the first error): the thread runs
+        them in order, so the last ones queued for the three buffers are the last of all."""
+        for future in self.reads + self.writes:
+            if future is not None:
+                future.result()
 
     def pieces(self, c, lo, hi):
         """(file offset, lo, hi) of column c's elements lo .. hi - 1, one per tile they touch."""
