@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 from device_stand_in import StandInGPU
-from helpers import LR, WEIGHT_DECAY, consolidated, make_batches, train_zero
+from helpers import LR, WEIGHT_DECAY, consolidated, make_batches, make_engine, train_zero
 from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
 from zerompi.devices import communicator_on
@@ -128,4 +128,28 @@ def test_gpu_host_tier_runs_the_cpu_update(stage, tier, dtype, tmp_path):
     assert moved.to_host == len(results) * piece * (1 if precision.mixed else 2)
     host = {name: tier_ for _, name, _, _, _, tier_ in engine.memory.buffers}
     assert host["offload.host_grad"] == host["adam.scratch"] == "host"
+    engine.stage.adam.close()
+
+
+class OnDevice:
+    """What CuPy hands over: an array NumPy may not read without .get() (zerompi.device.to_numpy)."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def get(self):
+        return self.values
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed")
+
+
+@pytest.mark.parametrize("tier", ["host", "file"])
+def test_an_offloaded_column_takes_device_values_and_gives_host_arrays(tier, tmp_path):
+    """Checkpoint loads and initial values write a GPU's arrays into the state (zerompi/stages/params.py,
+    zerompi/checkpoint/load.py): a column of either tier takes them through the host."""
+    engine = make_engine(1, SIZES, ml_dtypes.bfloat16, adam=offloaded(tiers(tmp_path)[tier]))
+    master = engine.stage.adam.master
+    master[5:8] = OnDevice(np.array([1.0, 2.0, 3.0], np.float32))
+    assert isinstance(master[5:8], np.ndarray) and master[5:8].tolist() == [1.0, 2.0, 3.0]
     engine.stage.adam.close()

@@ -8,7 +8,8 @@ and answers two questions:
     read(c, lo, hi)      outside the step (checkpoints, initial values): a copy of column c's
     write(c, lo, hi, x)  elements lo .. hi - 1, or x written there (Column wraps both as slices)
 
-HostStore: one (C, numel) array in host memory (pinned on a GPU); a piece is a view into it.
+HostStore: one (C, numel) array in host memory (pinned on a GPU); a piece is a view into it, and a
+Column's slice is read from it and written into it (a GPU's values first copied to the host).
 FileStore: one file, tile k's C x T elements contiguous at offset k C T bytes-per-element, and
 the pipeline of zerompi/offload/__init__.py: `start_step` reads tiles 0 and 1 ahead; when AdamW
 has finished tile k, its write and the read of tile k + 2 are queued on the I/O thread (one
@@ -73,9 +74,8 @@ class HostStore:
     def __init__(self, names, numel, dtype, tile, ledger):
         self.state = ledger.device.host_zeros((len(names), numel), dtype)   # (C, numel)
         self.tile = tile
-        tier = host_tier(ledger.device)
-        self.columns = {name: ledger.record("optimizer", f"adam.{name}", self.state[c], tier)
-                        for c, name in enumerate(names)}
+        self.columns = {name: ledger.record("optimizer", f"adam.{name}", Column(self, c, numel, dtype),
+                                            host_tier(ledger.device)) for c, name in enumerate(names)}
 
     def start_step(self):
         """Nothing to bring in: the state is in memory."""
@@ -87,6 +87,12 @@ class HostStore:
 
     def finish(self):
         """Nothing in flight."""
+
+    def read(self, c, lo, hi):
+        return self.state[c, lo:hi].copy()
+
+    def write(self, c, lo, hi, values):
+        self.state[c, lo:hi] = values          # host values (Column took them off a GPU)
 
     def close(self):
         """Nothing to release but memory."""
