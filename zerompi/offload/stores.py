@@ -64,7 +64,7 @@ class Column:
 
     def __setitem__(self, index, values):
         lo, hi = self.range(index)
-        self.store.write(self.c, lo, hi, np.broadcast_to(to_numpy(values).astype(self.dtype), (hi - lo,)))
+        self.store.write(self.c, lo, hi, np.broadcast_to(to_numpy(values).astype(self.dtype, copy=False), (hi - lo,)))
 
 
 class HostStore:
@@ -107,13 +107,17 @@ class FileStore:
         self.count = len(names)                          # C columns
         self.buffers = [ledger.record("work", f"offload.tile_buffer{'' if i == 0 else f'.{i + 1}'}",
                                       ledger.device.host_zeros((self.count * tile,), dtype),
-                                      host_tier(ledger.device)) for i in range(BUFFERS)]
+                                      host_tier(ledger.device)) for i in range(min(BUFFERS, self.tile_count))]
         self.columns = {name: ledger.record("optimizer", f"adam.{name}", Column(self, c, numel, dtype), FILE)
                         for c, name in enumerate(names)}
         self.io = ThreadPoolExecutor(1, thread_name_prefix="zerompi-offload-io")
         self.reads = [None] * BUFFERS       # the read (a future) that last filled each buffer
         self.writes = [None] * BUFFERS      # the write that last emptied it
         self.cursor = numel                 # the next element the step updates (numel: no step)
+        # st_blocks after posix_fallocate: a cut that later writes filled again leaves holes, which
+        # lower it (checked where the file system allocated it all, as ext4, xfs and tmpfs do)
+        self.blocks = os.fstat(fd).st_blocks if fd is not None else 0
+        self.blocks = self.blocks if self.blocks * 512 >= self.count * numel * self.dtype.itemsize else 0
         self.bytes_read = self.bytes_written = 0     # by the step's reads and writes
         self.io_seconds = self.waited_seconds = 0.0  # the I/O thread's time in them; AdamW's waiting
 
@@ -187,6 +191,11 @@ class FileStore:
         for future in self.reads + self.writes:
             if future is not None:
                 future.result()
+        status = os.fstat(self.fd) if self.fd is not None else None
+        if status is not None and (status.st_size < self.count * self.numel * self.dtype.itemsize or
+                                   status.st_blocks < self.blocks):   # cut short, even if written again since
+            raise OffloadError(f"the offload file {self.path} is shorter than this run made it (cut to "
+                               f"{status.st_size} bytes, or holes in it): truncated?")
 
     def pieces(self, c, lo, hi):
         """(file offset, lo, hi) of column c's elements lo .. hi - 1, one per tile they touch."""

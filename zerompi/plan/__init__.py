@@ -27,7 +27,7 @@ from ..adam import AdamConfig
 from ..engine import build_engine
 from ..hierarchy import FLAT, hierarchy_for
 from ..ledger import METRICS
-from ..offload import OffloadedAdamConfig
+from ..offload import FileTier, OffloadedAdamConfig
 from ..overlap import OverlapConfig
 from .virtual import PlannedCommunicator, VirtualDevice
 
@@ -62,7 +62,8 @@ class RunPlan:
     buffers: list                    # (kind, name, shape, dtype, nbytes, tier) of each, as the ledger lists them
     ledger: object = None            # one step's CommLedger (None: memory only)
     calls: list = field(default_factory=list)   # one step's PlannedCalls, in order
-    threads: int = 0                 # threads the engine starts: --overlap's, the new communicators' watchdogs
+    threads: int = 0                 # threads the engine starts: --overlap's, the new communicators' watchdogs,
+                                     # the file tier's I/O thread
 
     @property
     def total_bytes(self):
@@ -97,7 +98,8 @@ def plan_run(shape, rank=0, device=None):
 
 def _plan(engine, shape, rank, ledger=None, calls=()):
     engine.stage.collectives.close()            # --overlap: the plan's communication thread ends
-    threads = (len(engine.comm.made) - 1) * shape.watchdog + shape.overlap.enabled   # the world's watchdog runs already
+    threads = ((len(engine.comm.made) - 1) * shape.watchdog + shape.overlap.enabled   # the world's watchdog runs already
+               + isinstance(shape.offload, FileTier))      # the file tier's I/O thread (zerompi/offload/)
     return RunPlan(shape, rank, dict(engine.memory.bytes_by_kind), list(engine.memory.buffers), ledger, list(calls),
                    threads)
 

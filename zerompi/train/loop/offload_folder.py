@@ -3,10 +3,10 @@
     none   zerompi/adam.py's AdamConfig: the state in the device's memory
     host   zerompi/offload/'s HostTier on a GPU; on a CPU run the host is the device: one warning
            line, and the run goes on as without offload
-    file   zerompi/offload/'s FileTier in --offload-dir, after the lowest rank of each node took
-           the folder's lock for its host and node (`.zerompi-offload.<host>.node<k>.lock`,
-           zerompi/train/loop/lock.py: two runs cannot share the folder) and removed what a dead
-           run left there; every rank then creates its own file (zerompi/offload/stores.py)
+    file   zerompi/offload/'s FileTier in --offload-dir, after the lowest rank on each host took
+           the folder's lock for its host (`.zerompi-offload.<host>.lock`, zerompi/train/loop/lock.py:
+           two runs on one host cannot share the folder; the folder may be node-local) and removed
+           what a dead run left there; every rank then creates its own file (zerompi/offload/stores.py)
 
 The scratch files are unlinked as soon as they are open, so a run leaves none behind however it
 ends; a file named like one (a run killed in the instant between creating and unlinking it) is
@@ -14,6 +14,10 @@ removed by the next run that takes the lock, when the process it names is no lon
 """
 import os
 import socket
+import stat
+import zlib
+
+import numpy as np
 
 from ...adam import AdamConfig
 from ...checkpoint.files import CheckpointError
@@ -33,10 +37,13 @@ def adam_config_for(cfg, comm, device, out):
                     "state stays where it is (use file to move it out of memory)", file=out)
     if not isinstance(tier, FileTier):
         return OffloadedAdamConfig(**hyper, tier=tier) if tier else AdamConfig(**hyper)
-    node = comm.node_of_rank[comm.rank]
+    host = socket.gethostname()
+    hosts = np.zeros(comm.size, np.int64)                   # each rank's host, as a number (one max_all)
+    hosts[comm.rank] = zlib.crc32(host.encode()) + 1
+    comm.max_all(hosts)
     error = None
-    if comm.rank == comm.node_of_rank.index(node):        # the lowest rank of this node
-        error = lock_and_sweep(cfg.offload_dir, f".{FILE_PREFIX}.{socket.gethostname()}.node{node}.lock", out)
+    if comm.rank == int(np.flatnonzero(hosts == hosts[comm.rank])[0]):     # the lowest rank on this host
+        error = lock_and_sweep(cfg.offload_dir, f".{FILE_PREFIX}.{host}.lock", out)
     comm.check_all(error)                                   # every sweep done before any rank creates its file
     return OffloadedAdamConfig(**hyper, tier=tier)
 
@@ -51,11 +58,17 @@ def lock_and_sweep(folder, lock_name, out):
     if note:
         print(note, file=out, flush=True)
     host_prefix = f"{FILE_PREFIX}.{socket.gethostname()}."
-    for name in os.listdir(folder):
+    try:
+        names = os.listdir(folder)
+    except OSError as e:
+        return f"--offload-dir {folder}: cannot be listed: {e.strerror}"
+    for name in names:
         pid = name[len(host_prefix):].split(".")[0]
         if name.startswith(host_prefix) and pid.isdigit() and not process_running(int(pid)):
+            path = os.path.join(folder, name)
             try:
-                os.unlink(os.path.join(folder, name))
-            except FileNotFoundError:
+                if stat.S_ISREG(os.lstat(path).st_mode):    # a regular file, as a run made it
+                    os.unlink(path)
+            except OSError:                                 # gone meanwhile, or not this user's to remove
                 pass
     return None

@@ -63,7 +63,7 @@ Accepted and ignored, because they change nothing in what a step computes:
     fp16.auto_cast false, consecutive_hysteresis    (hysteresis is 1)
 
 Refused with one line naming the key: offload_param to "cpu" or "nvme", offload_optimizer's keys but
-pin_memory, pipeline_read, pipeline_write (true) and fast_init, fp16.hysteresis > 1, a static loss
+pin_memory, pipeline_* (true), fast_init, buffer_count, ratio (speed only), fp16.hysteresis > 1, a static loss
 scale, fp16.auto_cast true, other optimizers and schedulers (WarmupDecayLR, OneCycle, ...), a stage
 outside 0-3, and every key not listed here.
 
@@ -260,7 +260,7 @@ def deepspeed_flags(ds, path, command_line):
     unsupported.extend([] if tier else [f"{prefix}device={_shown(device)} (none, cpu or nvme)"])
     if tier not in (None, "none"):               # with "none", DeepSpeed reads no other key of it
         pipeline = ("pin_memory", "pipeline_read", "pipeline_write")           # what zerompi always does
-        leftovers(prefix, offload, {"device", "nvme_path", "fast_init", *pipeline})   # fast_init: DeepSpeed's
+        leftovers(prefix, offload, {"device", "nvme_path", "fast_init", "buffer_count", "ratio", *pipeline})
         unsupported.extend(f"{prefix}{key}=false (zerompi always pins and pipelines its tiers)" for key in pipeline
                            if typed(offload, prefix, key, BOOLEAN, path, True) is False)
     put("--offload-optimizer", tier, prefix + "device")
