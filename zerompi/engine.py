@@ -8,10 +8,11 @@
     stage       = STAGES[k](layout, collectives, ...)  parameters, gradients, Adam state
     mlp         = MLP(layout, batch_rows, ...)     activation buffers for this rank's rows
 
-Two layers a first reading can skip are handed in, never imported: `start_collectives` may run the
+Layers a first reading can skip are handed in, never imported: `start_collectives` may run the
 calls on a communication thread instead (zerompi/overlap/: `OverlapConfig.start`), and with
 --shard-group or --hpz a `hierarchy` (zerompi/hierarchy/: `hierarchy_for`, which splits the
-communicator first) builds the stage over the ranks that share the shards.
+communicator first) builds the stage over the ranks that share the shards; with --offload-params
+`stage_class` is zerompi/offload/'s OffloadedStage3.
 
 What differs between stages here each stage class declares (zerompi/stages/base.py): whether it
 takes gradient buckets, the largest reduction it makes, whether a reduce-scatter adds into its
@@ -58,10 +59,11 @@ class Engine:
 
 
 def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=None, micro_batches=1,
-                 bucket_mb=BUCKET_MB, start_collectives=Collectives, hierarchy=None):
+                 bucket_mb=BUCKET_MB, start_collectives=Collectives, hierarchy=None, stage_class=None):
     comm = comm if comm is not None else Communicator()
     shard_comm = hierarchy.shard_comm if hierarchy else comm   # the ranks each layer is sharded over
-    stage_class = hierarchy.stage_class(stage_number) if hierarchy else STAGES[stage_number]
+    if stage_class is None:                                    # (or zerompi/offload/'s OffloadedStage3)
+        stage_class = hierarchy.stage_class(stage_number) if hierarchy else STAGES[stage_number]
     layout = Layout(sizes, shard_comm.size)
     memory = MemoryLedger(comm.device)
     buckets = layout.gradient_buckets(np.dtype(precision.storage).itemsize, bucket_mb)

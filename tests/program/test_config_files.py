@@ -489,19 +489,19 @@ WARMUP_LOG = (", scheduler.params.warmup_type='log' (DeepSpeed's default is 'log
               "set 'linear')")
 
 
-PARAMS_REFUSED = "(zerompi offloads the optimizer state, not yet the parameters: 'none')"
-
-
 @pytest.mark.parametrize("ds, refused", [
-    (DEEPSPEED_TUTORIAL_ZERO3_OFFLOAD, f"zero_optimization.offload_param.device='cpu' {PARAMS_REFUSED}"),
     (TRANSFORMERS_ZERO2, WARMUP_LOG[2:]),
-    (TRANSFORMERS_DOCS_ZERO3_NVME, f"zero_optimization.offload_param.device='nvme' {PARAMS_REFUSED}" + WARMUP_LOG),
-    (TRANSFORMERS_ZERO3, f"zero_optimization.offload_param.device='cpu' {PARAMS_REFUSED}, fp16.hysteresis=2 "
-     "(zerompi halves the scale at every overflow: 1)" + WARMUP_LOG),
+    (TRANSFORMERS_DOCS_ZERO3_NVME, WARMUP_LOG[2:]),
+    (TRANSFORMERS_ZERO3, "fp16.hysteresis=2 (zerompi halves the scale at every overflow: 1)" + WARMUP_LOG),
     ({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": False}}},
      "zero_optimization.offload_optimizer.pin_memory=false (zerompi always pins and pipelines its tiers)"),
-], ids=["deepspeed-zero3-offload", "transformers-zero2", "transformers-zero3-nvme", "transformers-zero3",
-        "unpinned"])
+    ({"zero_optimization": {"offload_param": {"device": "cpu", "max_in_gpu": 1}}},
+     "zero_optimization.offload_param.max_in_gpu"),
+    ({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "a"},
+                            "offload_param": {"device": "nvme", "nvme_path": "b"}}},
+     "zero_optimization.offload_param.nvme_path='b' (zerompi has one --offload-dir for both)"),
+], ids=["transformers-zero2", "transformers-zero3-nvme", "transformers-zero3", "unpinned", "param-key",
+        "two-nvme-paths"])
 def test_published_configs_that_offload_what_zerompi_cannot_are_refused_naming_the_keys(tmp_path, ds, refused):
     path = write(tmp_path, "ds.json", ds)
     assert error_of(["--deepspeed-config", path]) == f"{path}: unsupported DeepSpeed settings: {refused}"
@@ -513,14 +513,37 @@ def test_published_configs_that_offload_what_zerompi_cannot_are_refused_naming_t
      dict(offload_optimizer="file", offload_dir="NVME")),
     ({"device": "none", "nvme_path": "ignored"}, dict(offload_optimizer="none", offload_dir="")),
 ])
-def test_deepspeed_optimizer_offload_maps_onto_the_offload_flags(tmp_path, offload, expected):
+@pytest.mark.parametrize("section", ["offload_optimizer", "offload_param"])
+def test_deepspeed_offload_maps_onto_the_offload_flags(tmp_path, section, offload, expected):
+    """offload_optimizer onto --offload-optimizer, offload_param onto --offload-params (at stage 3,
+    beside an optimizer offloaded to the host, as --offload-params needs)."""
     if offload["device"] == "nvme":                        # a folder of its own, holding no input
         (tmp_path / "nvme").mkdir()
         offload = dict(offload, nvme_path=str(tmp_path / "nvme"))
         expected = dict(expected, offload_dir=str(tmp_path / "nvme"))
-    ds = dict(_without_offload(TRANSFORMERS_ZERO2), zero_optimization={"stage": 2, "offload_optimizer": offload})
+    if section == "offload_param":
+        offload = {k: v for k, v in offload.items() if k not in ("fast_init",)}
+        expected = {("offload_params" if k == "offload_optimizer" else k): v for k, v in expected.items()}
+        zero = {"stage": 3, "offload_param": offload, "offload_optimizer": {"device": "cpu"}}
+    else:
+        zero = {"stage": 2, "offload_optimizer": offload}
+    ds = dict(_without_offload(TRANSFORMERS_ZERO2), zero_optimization=zero)
     cfg = parse_args(["--deepspeed-config", write(tmp_path, "ds.json", ds)], num_ranks=4)
     assert {name: getattr(cfg, name) for name in expected} == expected
+
+
+def test_published_zero_infinity_configs_map_both_offloads(tmp_path):
+    """DeepSpeed's ZeRO-Infinity tutorial and Transformers' NVMe example, as published (their
+    scheduler made linear, overlap_comm off: --offload-params has no --overlap): the optimizer and the
+    parameters offloaded as they say."""
+    cfg = parse_args(["--deepspeed-config", write(tmp_path, "a.json", DEEPSPEED_TUTORIAL_ZERO3_OFFLOAD)], num_ranks=4)
+    assert (cfg.stage, cfg.offload_optimizer, cfg.offload_params) == (3, "host", "host")
+    (tmp_path / "nvme").mkdir()
+    nvme = json.loads(json.dumps(TRANSFORMERS_DOCS_ZERO3_NVME).replace("/local_nvme", str(tmp_path / "nvme")))
+    nvme["scheduler"]["params"]["warmup_type"] = "linear"
+    nvme["zero_optimization"]["overlap_comm"] = False
+    cfg = parse_args(["--deepspeed-config", write(tmp_path, "b.json", nvme), "--warmup-steps", "5"], num_ranks=4)
+    assert (cfg.offload_optimizer, cfg.offload_params, cfg.offload_dir) == ("file", "file", str(tmp_path / "nvme"))
 
 
 @pytest.mark.parametrize("ds, refused", [

@@ -4,6 +4,7 @@ their run (kill -9 included); two runs cannot share an offload folder; a folder 
 checkpoint or an input is refused; a full disk and a file cut short mid-run are one line, exit 8,
 the last checkpoint whole; a signal ends the run as without offload.
 """
+import json
 import os
 import signal
 import socket
@@ -61,6 +62,33 @@ def test_checkpoints_load_with_or_without_offload(tmp_path):
                  "--save-weights", weights, cwd=tmp_path)
         got = load_weights(weights)
         assert all(np.allclose(got[k], expected[k], rtol=1e-5, atol=1e-6) for k in expected)
+    assert scratch_files(folder) == []
+
+
+def test_stage_3_with_its_parameters_in_a_file_saves_the_weights_of_the_run_in_memory(tmp_path):
+    """--offload-params file, the optimizer in a file or (a CPU's) host memory, N = 3 (padded
+    layers), 2 micro-batches: the same weights bit for bit as in memory; nothing of the parameters
+    in memory; the report's file reads and writes per step equal the formula; a checkpoint written
+    with it resumes with it and without, to the same weights; no scratch file left."""
+    folder = tmp_path / "offload"
+    folder.mkdir()
+    common = (*FLAGS, "--stage", 3, "--grad-accum", 2, "--hidden", "7,5", "--batch-size", 12)
+    train_ok(3, *common, "--steps", 4, "--save-weights", tmp_path / "in_memory.npz", cwd=tmp_path)
+    expected = load_weights(tmp_path / "in_memory.npz")
+    for optimizer in ("file", "host"):
+        save = tmp_path / f"ck-{optimizer}"
+        flags = ("--offload-params", "file", "--offload-optimizer", optimizer, "--offload-dir", folder)
+        run = train_ok(3, *common, "--steps", 2, *flags, "--save-dir", save, "--report", "json", cwd=tmp_path)
+        report = json.loads(run.stdout)
+        assert report["offloaded"] == (["optimizer", "params"] if optimizer == "file" else ["params"])
+        for row in report["per_rank"]:
+            assert row["params"] == 0
+            assert row["file_read"] == row["file_read_formula"] and row["file_written"] == row["file_written_formula"]
+        resumed = flags if optimizer == "host" else ()     # loaded into offloaded parameters, or in memory
+        train_ok(3, *common, "--steps", 4, *resumed, "--save-dir", save, "--resume", "latest",
+                 "--save-weights", tmp_path / f"{optimizer}.npz", cwd=tmp_path)
+        got = load_weights(tmp_path / f"{optimizer}.npz")
+        assert all(np.array_equal(got[k], expected[k]) for k in expected), optimizer
     assert scratch_files(folder) == []
 
 
@@ -153,11 +181,21 @@ def test_an_offload_folder_that_would_touch_a_checkpoint_or_an_input_is_refused(
 
 @pytest.mark.parametrize("flags, expected", [
     (("--offload-optimizer", "file"), "--offload-optimizer file needs --offload-dir DIR"),
-    (("--offload-dir", "."), "--offload-dir is the folder of --offload-optimizer file: pass both or neither"),
+    (("--offload-dir", "."), "--offload-dir is the folder of --offload-optimizer file or --offload-params file"),
+    (("--offload-params", "file", "--offload-optimizer", "host"), "--offload-params file needs --offload-dir DIR"),
 ])
 def test_the_file_tier_and_its_folder_come_together(tmp_path, flags, expected):
     run = launch(1, *FLAGS, "--steps", 1, *flags, cwd=tmp_path)
     assert run.returncode == ExitCode.BAD_INPUT and expected in one_error(run)
+
+
+@pytest.mark.parametrize("flags", [("--stage", "2", "--offload-optimizer", "host"), ("--stage", "3"),
+                                   ("--stage", "3", "--offload-optimizer", "host", "--overlap"),
+                                   ("--stage", "3", "--offload-optimizer", "host", "--hpz")])
+def test_parameter_offload_is_refused_where_it_does_not_exist(tmp_path, flags):
+    """--offload-params: stage 3 only, with the optimizer offloaded, without --overlap or hpZ."""
+    run = launch(1, *FLAGS, "--steps", 1, "--offload-params", "host", *flags, cwd=tmp_path)
+    assert run.returncode == ExitCode.BAD_INPUT and "--offload-params is stage 3's" in one_error(run)
 
 
 def test_the_host_tier_on_a_cpu_run_warns_once_and_trains_as_without(tmp_path):
@@ -235,3 +273,16 @@ def test_a_file_cut_short_while_writes_are_in_flight_is_found_though_they_fill_i
     with pytest.raises(OffloadError, match=r"is shorter than this run made it \(cut to \d+ bytes, or holes"):
         store.finish()
     assert os.fstat(store.fd).st_size == store.count * store.numel * 4     # written to its size again
+
+
+def test_a_parameter_file_cut_short_is_one_offload_error_in_the_step_that_reads_it(tmp_path):
+    """--offload-params file: a parameter file cut by another process is found by the next read of
+    a layer's shard, one line naming the file, not a wrong weight."""
+    tier = FileTier(str(tmp_path), 0)
+    adam = OffloadedAdamConfig(tier=tier, param_tier=tier)
+    batches = make_batches([12, 37, 53, 7], 2, rows=24)
+    engine, _ = train_zero(3, [12, 37, 53, 7], np.float32, batches[:1], Communicator(), adam=adam)
+    os.ftruncate(engine.stage.param_shard.fd, 100)           # another process, through /proc/PID/fd
+    with pytest.raises(OffloadError, match=r"zerompi-offload\..*\.params is shorter than this run made it") as raised:
+        run_steps(engine, batches[1:])
+    assert "\n" not in str(raised.value)

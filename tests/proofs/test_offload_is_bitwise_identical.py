@@ -16,7 +16,7 @@ from helpers import WEIGHT_DECAY, consolidated, make_batches, make_engine, train
 from zerompi.adam import AdamConfig
 from zerompi.comm import Communicator
 from zerompi.devices import communicator_on
-from zerompi.offload import FileTier, HostTier, OffloadedAdamConfig
+from zerompi.offload import FileTier, HostTier, OffloadedAdamConfig, OffloadedAdamW
 
 SIZES = [12, 37, 53, 19, 7]      # 4 layers of 481, 2014, 1026 and 140 elements: padding at every N > 1
 GLOBAL_BATCH = 48
@@ -34,12 +34,13 @@ def train(stage, dtype, adam, micro_batches=1, loss_scale=1.0):
     engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
                                  loss_scale=loss_scale, max_grad_norm=0.5, adam=adam)
     adam_state = engine.stage.adam
+    engine.moved_by_steps = adam_state.moved() if isinstance(adam_state, OffloadedAdamW) else None
     state = [np.array(a[0:a.size]) for a in (adam_state.m, adam_state.v, adam_state.master) if a is not None]
     return engine, [(r.loss, r.grad_norm, r.correct, r.applied) for r in results], consolidated(engine), state
 
 
-def offloaded(tier, tile=TILE_ELEMENTS):
-    return OffloadedAdamConfig(weight_decay=WEIGHT_DECAY, tier=tier, tile=tile)
+def offloaded(tier, tile=TILE_ELEMENTS, param_tier=None):
+    return OffloadedAdamConfig(weight_decay=WEIGHT_DECAY, tier=tier, tile=tile, param_tier=param_tier)
 
 
 def assert_same(run, expected):
@@ -76,6 +77,37 @@ def test_offload_saves_the_same_weights(stage, tier, dtype, micro_batches, tmp_p
         assert moved.file_read == moved.file_written == 0
     assert moved.to_host == moved.to_device == 0                  # a CPU run: nothing crosses to a device
     engine.stage.adam.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
+@pytest.mark.parametrize("tiers_", [("file", "file"), ("host", "file"), ("file", "host")], ids="-".join)
+def test_offloaded_parameters_save_the_same_weights(tiers_, dtype, micro_batches, tmp_path):
+    """Stage 3 with its parameter shard in a tier too (zerompi/offload/params.py): the same weights,
+    state and results bit for bit; a file of parameters is read at every access of a step that
+    updates (2 per micro-batch and 1 by the update) and written once by the update."""
+    optimizer_tier, param_tier = (tiers(tmp_path)[name] for name in tiers_)
+    loss_scale = 2.0 ** 20 if dtype == "fp16" else 1.0
+    expected = train(3, DTYPES[dtype], AdamConfig(weight_decay=WEIGHT_DECAY), micro_batches, loss_scale)
+    run = train(3, DTYPES[dtype], offloaded(optimizer_tier, param_tier=param_tier), micro_batches, loss_scale)
+    assert_same(run, expected)
+    engine, results = run[0], run[1]
+    stage = engine.stage
+    assert stage.memory.bytes_by_kind["params"] == 0 or tiers_[1] == "host"   # a CPU's host is its memory
+    moved, formula = engine.moved_by_steps, stage.adam.formula_per_step(micro_batches)
+    applied = sum(r[3] for r in results)
+    skipped = len(results) - applied                      # a skipped step gathers, and updates nothing
+    itemsize = np.dtype(stage.precision.storage).itemsize if tiers_[1] == "file" else 0
+    shard, first_layer = engine.layout.shard_numel * itemsize, engine.layout.layers[0].padded // N(engine) * itemsize
+    assert moved.file_read == applied * formula.file_read + skipped * (2 * micro_batches * shard + first_layer)
+    assert moved.file_written == applied * formula.file_written
+    stage.adam.close()
+    stage.param_shard.close()
+
+
+def N(engine):
+    return engine.layout.num_ranks
 
 
 @pytest.mark.parametrize("tile", [1, 64, 10 ** 6])
@@ -121,6 +153,28 @@ def test_gpu_host_tier_runs_the_cpu_update(stage, tier, dtype, tmp_path):
     host = {name: tier_ for _, name, _, _, _, tier_ in engine.memory.buffers}
     assert host["offload.host_grad"] == host["adam.scratch"] == "host"
     engine.stage.adam.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("param_tier", ["host", "file"])
+def test_gpu_offloaded_parameters_are_copied_device_ward_for_each_gather(param_tier, dtype, tmp_path):
+    """On the GPU stand-in, stage 3's parameter shard on the host (or in a file): the same weights
+    as the CPU run, the gradient host-ward once per step and each layer's shard device-ward before
+    each of its two all-gathers, nothing of the parameters in device memory."""
+    batches = make_batches(SIZES, 3, rows=GLOBAL_BATCH)
+    expected, _ = train_zero(3, SIZES, DTYPES[dtype], batches, Communicator(), max_grad_norm=0.5)
+    comm = communicator_on(StandInGPU(), mpi_reads_device_memory=False)
+    adam = offloaded(HostTier(), param_tier=tiers(tmp_path)[param_tier])
+    engine, results = train_zero(3, SIZES, DTYPES[dtype], batches, comm, max_grad_norm=0.5, adam=adam)
+    moved = engine.stage.adam.moved()            # before consolidated(), which gathers once more
+    for (w, b), (w_expected, b_expected) in zip(consolidated(engine), consolidated(expected)):
+        assert np.array_equal(w, w_expected) and np.array_equal(b, b_expected)
+    piece = engine.stage.adam.m.size * np.dtype(engine.stage.precision.storage).itemsize
+    assert moved.to_host == len(results) * piece and moved.to_device == len(results) * 2 * piece
+    assert engine.memory.bytes_by_kind["params"] == 0
+    engine.stage.adam.close()
+    engine.stage.param_shard.close()
 
 
 class OnDevice:

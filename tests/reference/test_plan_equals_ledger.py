@@ -40,9 +40,9 @@ def ledger_rows(ledger, times=1):
             for key, e in ledger.entries.items()}
 
 
-def check(stage, dtype, micro_batches, overlap, grouping, offload=None):
+def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_params=None):
     comm = Communicator()
-    adam = OffloadedAdamConfig(tier=offload) if offload else None
+    adam = OffloadedAdamConfig(tier=offload, param_tier=offload_params) if offload else None
     batches = make_batches(SIZES, STEPS, rows=24 * micro_batches)
     config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
     engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
@@ -50,7 +50,7 @@ def check(stage, dtype, micro_batches, overlap, grouping, offload=None):
     assert all(r.applied for r in results)
     engine.stage.finish_communication()          # --overlap: the last step's all-gathers recorded
     shape = RunShape(tuple(SIZES), stage, precision_for(dtype), 24 // comm.size, comm.size, micro_batches,
-                     grouping, config, comm.node_of_rank, offload=offload)
+                     grouping, config, comm.node_of_rank, offload=offload, offload_params=offload_params)
     plan = plan_run(shape, comm.rank)
     assert plan.buffers == engine.memory.buffers
     assert plan.bytes_by_kind == engine.memory.bytes_by_kind
@@ -81,3 +81,13 @@ def test_plan_equals_the_ledgers_of_a_hierarchical_run(stage, dtype):
 def test_plan_equals_the_ledgers_of_an_offloaded_run(stage, dtype, tmp_path):
     """The plan's file tier makes no file, and ledgers what the run's does (its tier included)."""
     check(stage, dtype, 1, False, FLAT, FileTier(str(tmp_path), WORLD.rank))
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_plan_equals_the_ledgers_of_a_run_with_offloaded_parameters(dtype, micro_batches, tmp_path):
+    """Stage 3 with the parameter shard in a file too: the plan ledgers its buffers and the shard's
+    file tier, and its gathers read nothing."""
+    tier = FileTier(str(tmp_path), WORLD.rank)
+    check(3, dtype, micro_batches, False, FLAT, tier, tier)

@@ -6,6 +6,7 @@ from zerompi.comm import Communicator
 from zerompi.stages.params import full_layer_params
 from zerompi.engine import build_engine
 from zerompi.hierarchy import FLAT, hierarchy_for
+from zerompi.offload import OffloadedStage3
 from zerompi.overlap import OverlapConfig
 from zerompi.precision import precision_for
 from zerompi.step import train_step
@@ -29,8 +30,9 @@ def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro
     comm = comm if comm is not None else Communicator()
     rows = global_batch // (comm.size * micro_batches)
     adam = adam if adam is not None else AdamConfig(weight_decay=WEIGHT_DECAY)
-    return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), adam,
-                        rows, comm, micro_batches, overlap.bucket_mb, overlap.start, hierarchy_for(comm, grouping))
+    stage_class = OffloadedStage3 if getattr(adam, "param_tier", None) else None     # --offload-params
+    return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), adam, rows, comm, micro_batches,
+                        overlap.bucket_mb, overlap.start, hierarchy_for(comm, grouping), stage_class)
 
 
 def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.0):

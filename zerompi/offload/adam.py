@@ -31,8 +31,20 @@ class TierTraffic:
     file_written: int = 0      # host -> file
 
 
+class NoParams:
+    """The parameters where the stage keeps them: nothing moved for them here."""
+    bytes_read = bytes_written = to_device = 0
+
+    def finish(self):
+        """Nothing in flight."""
+
+
+NO_PARAMS = NoParams()
+
+
 class OffloadedAdamW(AdamW):
     """AdamW whose master, m and v are columns of a store (config.tier: HostTier or FileTier)."""
+    params = None      # stage 3 with --offload-params: the HostParams or FileParams it updates (params.py)
 
     def __init__(self, numel, precision, config, ledger):
         self.config, self.t = config, 0
@@ -66,38 +78,50 @@ class OffloadedAdamW(AdamW):
             master = tile[0] if self.master is not None else host_p
             adamw_chunked(host_p, host_g, master, tile[-2], tile[-1], grad_multiplier, decay, step_size,
                           sqrt_bias2, self.config, self.work.scratch, self.work.grad_scratch)
-            if self.device.is_gpu:
+            if self.device.is_gpu and self.params is None:
                 self.device.copy_from_host(host_p, p)
                 self.traffic.to_device += host_p.nbytes
 
     def to_host(self, p, g):
-        """The piece's parameters and gradient as host arrays (on a CPU: themselves)."""
+        """The piece's parameters and gradient as host arrays (on a CPU: themselves; offloaded
+        parameters are on the host already)."""
         if not self.device.is_gpu:
             return p, g
-        host_p, host_g = self.host_param[:p.size], self.host_grad[:g.size]
+        host_g = self.host_grad[:g.size]
         self.device.copy_to_host(g, host_g)
         self.traffic.to_host += host_g.nbytes
+        if self.params is not None:
+            return p, host_g
+        host_p = self.host_param[:p.size]
         if self.master is None:                          # no master: the parameters are it
             self.device.copy_to_host(p, host_p)
             self.traffic.to_host += host_p.nbytes
         return host_p, host_g
 
     def moved(self):
-        """TierTraffic so far, with the store's file reads and writes."""
+        """TierTraffic so far: the copies, the store's file reads and writes, and the offloaded
+        parameters' (zerompi/offload/params.py)."""
         self.store.finish()
-        return TierTraffic(self.traffic.to_host, self.traffic.to_device, self.store.bytes_read,
-                           self.store.bytes_written)
+        params = self.params if self.params is not None else NO_PARAMS
+        params.finish()
+        return TierTraffic(self.traffic.to_host, self.traffic.to_device + params.to_device,
+                           self.store.bytes_read + params.bytes_read, self.store.bytes_written + params.bytes_written)
 
-    def formula_per_step(self):
+    def formula_per_step(self, micro_batches=1):
         """What one step that updates moves, by the formula: the file tier reads and writes each
         of the C columns once (C x numel x compute bytes each way); a GPU sends the gradient (and,
         without a master, the parameters) host-ward and the parameters device-ward, numel x
-        storage bytes each."""
+        storage bytes each. Offloaded parameters (params.py): a GPU copies them device-ward for
+        every all-gather (2 per micro-batch) instead; a file is read at every access
+        (2 x micro_batches + 1) and written by the update."""
         compute, storage = np.dtype(self.precision.compute).itemsize, np.dtype(self.precision.storage).itemsize
         numel = self.m.size
         state = (3 if self.master is not None else 2) * numel * compute if self.store.bytes_in_file else 0
         piece = numel * storage if self.device.is_gpu else 0
-        return TierTraffic(piece * (1 if self.master is not None else 2), piece, state, state)
+        if self.params is None:
+            return TierTraffic(piece * (1 if self.master is not None else 2), piece, state, state)
+        shard = numel * storage if self.params.bytes_in_file else 0
+        return TierTraffic(piece, 2 * micro_batches * piece, state + (2 * micro_batches + 1) * shard, state + shard)
 
     def close(self):
         self.store.close()

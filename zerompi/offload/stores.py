@@ -15,13 +15,9 @@ the pipeline of zerompi/offload/__init__.py: `start_step` reads tiles 0 and 1 ah
 has finished tile k, its write and the read of tile k + 2 are queued on the I/O thread (one
 thread, in order, so tile k + 2's read into tile k - 1's buffer comes after that buffer's write).
 
-The file is scratch, never a checkpoint: it is created (O_EXCL), given its whole size at once
-(posix_fallocate: a full disk is found at start, not mid-run), and unlinked while it is open, so
-that the kernel frees it when the process ends, however it ends (kill -9 included); a folder
-removed or made read-only during the run does not reach the open file.
+The file is scratch, never a checkpoint (made by zerompi/offload/tiers.py).
 """
 import os
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,19 +41,20 @@ def host_tier(device):
 
 
 class Column:
-    """Column c of a store as an array of numel elements that is read and written by slices
-    (`adam.m[lo:hi]`, `adam.m[lo:hi] = x`): what checkpoints and initial values use."""
+    """Column c of a store (or its numel elements from `start`) as an array that is read and
+    written by slices (`adam.m[lo:hi]`, `adam.m[lo:hi] = x`, `[...]`): what checkpoints and initial
+    values use; `get()` reads it all, as a GPU array's does (zerompi/device.py's to_numpy)."""
 
-    def __init__(self, store, c, numel, dtype):
-        self.store, self.c = store, c
+    def __init__(self, store, c, numel, dtype, start=0):
+        self.store, self.c, self.start = store, c, start
         self.shape, self.size, self.dtype = (numel,), numel, np.dtype(dtype)
         self.nbytes = numel * self.dtype.itemsize
 
     def range(self, index):
-        lo, hi, step = index.indices(self.size)
+        lo, hi, step = (slice(None) if index is Ellipsis else index).indices(self.size)
         if step != 1:
             raise IndexError("an offloaded column is read by contiguous slices")
-        return lo, max(lo, hi)
+        return self.start + lo, self.start + max(lo, hi)
 
     def __getitem__(self, index):
         return self.store.read(self.c, *self.range(index))
@@ -65,6 +62,37 @@ class Column:
     def __setitem__(self, index, values):
         lo, hi = self.range(index)
         self.store.write(self.c, lo, hi, np.broadcast_to(to_numpy(values).astype(self.dtype, copy=False), (hi - lo,)))
+
+    def get(self):
+        return self[:]
+
+
+def transfer(fd, path, call, buffer, offset, what):
+    """One pread or pwrite of the whole buffer at offset (a short one is an error); its seconds."""
+    start = time.perf_counter()
+    try:
+        done = call(fd, [buffer], offset)
+    except OSError as e:
+        raise OffloadError(f"cannot {what} the offload file {path}: {e.strerror}") from None
+    if done != buffer.nbytes:
+        raise OffloadError(f"the offload file {path} is shorter than this run made it "
+                           f"({what} of {buffer.nbytes} bytes at {offset} got {done}): truncated?")
+    return time.perf_counter() - start
+
+
+def allocated_blocks(fd, nbytes):
+    """st_blocks after posix_fallocate: a cut that later writes filled again leaves holes, which
+    lower it (checked where the file system allocated it all, as ext4, xfs and tmpfs do; else 0)."""
+    blocks = os.fstat(fd).st_blocks if fd is not None else 0
+    return blocks if blocks * 512 >= nbytes else 0
+
+
+def check_not_cut(fd, path, nbytes, blocks):
+    """An OffloadError if the file is shorter than nbytes, or has fewer blocks than it was given."""
+    status = os.fstat(fd) if fd is not None else None      # None: a plan's store
+    if status is not None and (status.st_size < nbytes or status.st_blocks < blocks):
+        raise OffloadError(f"the offload file {path} is shorter than this run made it (cut to "
+                           f"{status.st_size} bytes, or holes in it): truncated?")
 
 
 class HostStore:
@@ -114,10 +142,7 @@ class FileStore:
         self.reads = [None] * BUFFERS       # the read (a future) that last filled each buffer
         self.writes = [None] * BUFFERS      # the write that last emptied it
         self.cursor = numel                 # the next element the step updates (numel: no step)
-        # st_blocks after posix_fallocate: a cut that later writes filled again leaves holes, which
-        # lower it (checked where the file system allocated it all, as ext4, xfs and tmpfs do)
-        self.blocks = os.fstat(fd).st_blocks if fd is not None else 0
-        self.blocks = self.blocks if self.blocks * 512 >= self.count * numel * self.dtype.itemsize else 0
+        self.blocks = allocated_blocks(fd, self.count * numel * self.dtype.itemsize)
         self.bytes_read = self.bytes_written = 0     # by the step's reads and writes
         self.io_seconds = self.waited_seconds = 0.0  # the I/O thread's time in them; AdamW's waiting
 
@@ -174,16 +199,7 @@ class FileStore:
         self.bytes_written += buffer.nbytes
 
     def transfer(self, call, buffer, offset, what):
-        """One pread or pwrite of the whole buffer at offset (a short one is an error); its seconds."""
-        start = time.perf_counter()
-        try:
-            done = call(self.fd, [buffer], offset)
-        except OSError as e:
-            raise OffloadError(f"cannot {what} the offload file {self.path}: {e.strerror}") from None
-        if done != buffer.nbytes:
-            raise OffloadError(f"the offload file {self.path} is shorter than this run made it "
-                               f"({what} of {buffer.nbytes} bytes at {offset} got {done}): truncated?")
-        return time.perf_counter() - start
+        return transfer(self.fd, self.path, call, buffer, offset, what)
 
     def finish(self):
         """Wait for every read and write in flight (re-raising the first error): the thread runs
@@ -191,11 +207,7 @@ class FileStore:
         for future in self.reads + self.writes:
             if future is not None:
                 future.result()
-        status = os.fstat(self.fd) if self.fd is not None else None
-        if status is not None and (status.st_size < self.count * self.numel * self.dtype.itemsize or
-                                   status.st_blocks < self.blocks):   # cut short, even if written again since
-            raise OffloadError(f"the offload file {self.path} is shorter than this run made it (cut to "
-                               f"{status.st_size} bytes, or holes in it): truncated?")
+        check_not_cut(self.fd, self.path, self.count * self.numel * self.dtype.itemsize, self.blocks)
 
     def pieces(self, c, lo, hi):
         """(file offset, lo, hi) of column c's elements lo .. hi - 1, one per tile they touch."""
@@ -225,53 +237,3 @@ class FileStore:
             self.io.shutdown()
             if self.fd is not None:          # None: a plan's store
                 os.close(self.fd)
-
-
-class HostTier:
-    """ZeRO-Offload: the optimizer state in (pinned) host memory."""
-    describe = "with --offload-optimizer host"
-
-    def planned(self):
-        """The tier a plan builds (zerompi/plan/): host memory on its virtual device holds nothing."""
-        return self
-
-    def open(self, names, numel, dtype, tile, ledger):
-        return HostStore(names, numel, dtype, tile, ledger)
-
-
-class FileTier:
-    """ZeRO-Infinity: the optimizer state in one scratch file per rank in `folder`."""
-
-    describe = "with --offload-optimizer file"
-
-    def __init__(self, folder, rank):
-        self.folder, self.rank = folder, rank
-
-    def planned(self):
-        return PlannedFileTier()
-
-    def file_name(self):
-        return f"{FILE_PREFIX}.{socket.gethostname()}.{os.getpid()}.rank{self.rank}"
-
-    def open(self, names, numel, dtype, tile, ledger):
-        path = os.path.join(self.folder, self.file_name())
-        nbytes = len(names) * numel * np.dtype(dtype).itemsize
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except OSError as e:
-            raise OffloadError(f"cannot create the offload file {path}: {e.strerror}") from None
-        try:
-            os.unlink(path)                        # scratch: freed when the process ends, however
-            if nbytes:
-                os.posix_fallocate(fd, 0, nbytes)  # the whole size now: a full disk is found here
-        except OSError as e:
-            os.close(fd)
-            raise OffloadError(f"cannot give the offload file {path} its {nbytes} bytes: {e.strerror}") from None
-        return FileStore(fd, path, names, numel, dtype, tile, ledger)
-
-
-class PlannedFileTier:
-    """A plan's file tier (zerompi/plan/): the columns and tile buffers ledgered, no file made."""
-
-    def open(self, names, numel, dtype, tile, ledger):
-        return FileStore(None, "(planned)", names, numel, dtype, tile, ledger)

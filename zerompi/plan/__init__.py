@@ -27,7 +27,7 @@ from ..adam import AdamConfig
 from ..engine import build_engine
 from ..hierarchy import FLAT, hierarchy_for
 from ..ledger import METRICS
-from ..offload import FileTier, OffloadedAdamConfig
+from ..offload import FileTier, OffloadedAdamConfig, OffloadedStage3
 from ..overlap import OverlapConfig
 from .virtual import PlannedCommunicator, VirtualDevice
 
@@ -48,6 +48,7 @@ class RunShape:
     watchdog: bool = False           # --collective-timeout: a watchdog thread for each communicator
     offload: object = None           # where the optimizer state lives (zerompi/offload/: HostTier,
                                      # FileTier); None: the device's memory
+    offload_params: object = None    # where stage 3's parameter shard lives (the same tiers)
 
     @property
     def num_params(self):
@@ -77,10 +78,12 @@ class RunPlan:
 def build_planned_engine(shape, rank=0, device=None):
     """The engine rank `rank` of the run would build, on buffers that take no memory."""
     comm = PlannedCommunicator(shape.num_ranks, rank, shape.node_of_rank, VirtualDevice(device) if device else None)
-    adam = OffloadedAdamConfig(tier=shape.offload.planned()) if shape.offload else AdamConfig()
+    params = shape.offload_params
+    adam = (OffloadedAdamConfig(tier=shape.offload.planned(), param_tier=params and params.planned())
+            if shape.offload else AdamConfig())
     return build_engine(list(shape.sizes), shape.stage, shape.precision, adam, shape.rows, comm,
                         shape.micro_batches, shape.overlap.bucket_mb, shape.overlap.start,
-                        hierarchy_for(comm, shape.grouping))
+                        hierarchy_for(comm, shape.grouping), OffloadedStage3 if params else None)
 
 
 def plan_memory(shape, rank=0, device=None):
@@ -99,7 +102,8 @@ def plan_run(shape, rank=0, device=None):
 def _plan(engine, shape, rank, ledger=None, calls=()):
     engine.stage.collectives.close()            # --overlap: the plan's communication thread ends
     threads = ((len(engine.comm.made) - 1) * shape.watchdog + shape.overlap.enabled   # the world's watchdog runs already
-               + isinstance(shape.offload, FileTier))      # the file tier's I/O thread (zerompi/offload/)
+               + isinstance(shape.offload, FileTier) + isinstance(shape.offload_params, FileTier))   # the
+    # file tier's I/O threads (zerompi/offload/)
     return RunPlan(shape, rank, dict(engine.memory.bytes_by_kind), list(engine.memory.buffers), ledger, list(calls),
                    threads)
 

@@ -92,16 +92,22 @@ def need_of(plan):
 def describe(shape):
     """'stage 2', 'stage 2 in groups of 4', 'stage 3 with hpZ', 'stage 3 with --offload-optimizer file'."""
     offload = f" {shape.offload.describe}" if shape.offload else ""
+    offload += f" --offload-params {shape.offload_params.name}" if shape.offload_params else ""
     if shape.grouping.hybrid(shape.num_ranks):
         return f"stage {shape.stage} in groups of {shape.grouping.shard_group}{offload}"
     return f"stage {shape.stage}{' with hpZ' if shape.grouping.hpz_node_size else ''}{offload}"
+
+
+def flat_at(shape, stage):
+    """The shape at another stage, flat (--offload-params only where it exists: stage 3)."""
+    return replace(shape, stage=stage, grouping=FLAT, offload_params=shape.offload_params if stage == 3 else None)
 
 
 def variants(shape):
     """The runs a user could choose instead on the same N ranks: flat stages 0-3, and without
     offload stage 3 with its optimizer state in a file (zerompi/offload/), and the chosen
     hierarchical variant at the stages it exists for."""
-    flat = [replace(shape, stage=s, grouping=FLAT) for s in range(4)]
+    flat = [flat_at(shape, s) for s in range(4)]
     if shape.offload is None:
         flat.append(replace(shape, stage=3, grouping=FLAT, offload=FileTier(None, 0)))
     if shape.grouping.hybrid(shape.num_ranks):

@@ -55,5 +55,5 @@ def full_layer_params(stage, layer):
     if stage.param_full is not None:
         return stage.param_full[stage.layout.full_slice(layer)]
     full = stage.param_gather.buffers[0][:layer.padded]
-    stage.collectives.allgather(stage.owned(layer).param, full, IO).wait()
+    stage.collectives.allgather(stage.param_shard_of(layer), full, IO).wait()
     return full

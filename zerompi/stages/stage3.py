@@ -39,13 +39,16 @@ class Stage3(ZeroStage):
     def __init__(self, layout, collectives, memory, precision, adam_config):
         super().__init__(layout, collectives, memory, precision)
         dtype = precision.storage
-        self.param_shard = memory.alloc("params", "param_shard", (layout.shard_numel,), dtype)
+        self.param_shard = self.hold_params(memory, layout.shard_numel, dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
         self.adam = adam_config.optimizer(layout.shard_numel, precision, memory)
         ahead = min(collectives.prefetch, len(layout.layers) - 1)   # 0 without --overlap --prefetch
         self.param_gather = collectives.layer_gather(self.layer_buffers("param_gather", 1 + ahead),
                                                      self.param_shard_of)
         self.layer_grads = LayerGradBuffers(self.layer_buffers("layer_grad", collectives.buffers_in_flight))
+
+    def hold_params(self, memory, numel, dtype):      # the shard (numel,): zerompi/offload/ keeps it elsewhere
+        return memory.alloc("params", "param_shard", (numel,), dtype)
 
     def owned(self, layer):
         shard = self.layout.shard_slice(layer)

@@ -19,7 +19,6 @@ The plan is of the CPU path (a GPU run's preflight plans its own device's buffer
 """
 import sys
 import textwrap
-from dataclasses import replace
 
 from ..options.config import _Parser, add_planning_flags, parse_args
 from ..options.config_checks import check_config
@@ -30,14 +29,13 @@ from ..options.shape import run_shape
 from ..options.launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_SIZE_VARIABLES
 from ...cpu import CPU
 from ...util.exit_codes import ExitCode
-from ...hierarchy import FLAT
 from ...util.inputs import printable
 from ...ledger import ALLGATHER, ALLREDUCE, FILE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
 from ...memory import MOST_RANKS, model_size_error, ring_traffic
 from ...mpi import first_number, launcher_rank
 from ...util.pipes import until_reader_leaves
 from ...plan import plan_run
-from ...plan.preflight import describe, need_of, preflight_error, runtime_bytes, start_transient_bytes
+from ...plan.preflight import describe, flat_at, need_of, preflight_error, runtime_bytes, start_transient_bytes
 from ...plan.virtual import PlannedCommunicator
 from ...util.words import counted, format_bytes
 
@@ -94,7 +92,7 @@ def dry_run_text(argv, environ, ranks, ranks_per_node):
     if model_size_error(sizes):
         raise ArgumentError(model_size_error(sizes))
     chosen = run_shape(cfg, sizes, num_ranks, grouping, node_of_rank)      # the CPU path: host is no tier
-    shown = [replace(chosen, stage=stage, grouping=FLAT) for stage in range(4)]     # at most 5 columns
+    shown = [flat_at(chosen, stage) for stage in range(4)]     # at most 5 columns
     shown += [] if chosen in shown else [chosen]
     edge = per_node - 1                      # the last rank of node 0: its ring successor is on node 1
     return format_plans(chosen, [plan_run(shape) for shape in shown], [plan_run(shape, edge) for shape in shown],
@@ -112,10 +110,12 @@ def format_plans(chosen, plans, edge_plans, per_node):
              f"{counted(s.micro_batches, 'micro-batch')}"
              f"{', overlap' if s.overlap.enabled else ''}; * = the chosen run", ""]
     names = [describe(p.shape).replace("stage ", "st ").replace(" in groups of ", " S=")
-             .replace(" with hpZ", " hpZ").replace(" with --offload-optimizer ", " ") + ("*" if p.shape == s else "") for p in plans]
+             .replace(" with hpZ", " hpZ").replace(" with --offload-optimizer ", " ").replace(" --offload-params ", "+") + ("*" if p.shape == s else "") for p in plans]
+
+    width = max(11, *(len(name) + 1 for name in names))
 
     def row(label, values):
-        return f"{label:<20}" + "".join(f"{v:>11}" for v in values)
+        return f"{label:<20}" + "".join(f"{v:>{width}}" for v in values)
 
     lines.append(row("rank 0, memory", names))
     for kind in MEMORY_KINDS:
@@ -127,7 +127,8 @@ def format_plans(chosen, plans, edge_plans, per_node):
         lines.append(row("  in a file", [format_bytes(p.tier_bytes(FILE)) for p in plans]))
     bpp = s.precision.bytes_per_param()
     formulas = [p.shape.grouping.model_state_bytes(p.shape.stage, s.num_params, s.num_ranks, bpp) for p in plans]
-    formulas = [f["total"] - (f["optimizer"] if p.shape.offload else 0) for f, p in zip(formulas, plans)]
+    formulas = [f["total"] - sum(f[kind] for kind in ("params", "optimizer") if p.bytes_by_kind[kind] == 0)
+                for f, p in zip(formulas, plans)]    # less what is offloaded (zerompi/offload/)
     lines.append(row("  model state", [format_bytes(p.bytes_by_kind["params"] + p.bytes_by_kind["grads"] +
                                                     p.bytes_by_kind["optimizer"]) for p in plans]))
     lines.append(row("    formula at Psi", [format_bytes(f) for f in formulas]))

@@ -21,6 +21,8 @@ parameters are divergence in every dtype, and no weights are saved: there are no
 """
 import math
 
+import numpy as np
+
 from ...checkpoint.weights import save_weights
 from ...util.exit_codes import ExitCode
 
@@ -83,7 +85,8 @@ def first_non_finite_layer(engine):
     stage, xp = engine.stage, engine.mlp.device.xp
     stage.finish_communication()
     for layer in engine.layout.layers:
-        finite = bool(xp.isfinite(stage.owned(layer).param).all())
+        values = stage.owned(layer).param[:]     # a host array where the parameters are offloaded
+        finite = bool((np if isinstance(values, np.ndarray) else xp).isfinite(values).all())
         if engine.comm.any_failed(None if finite else "not finite"):
             return layer.index
     return None

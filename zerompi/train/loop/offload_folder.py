@@ -28,15 +28,17 @@ from .lock import take_lock
 
 
 def adam_config_for(cfg, comm, device, out):
-    """Collective: the run's AdamConfig (offloaded as --offload-optimizer says). A folder whose
-    lock another run holds: one line, every rank exits BAD_INPUT."""
+    """Collective: the run's AdamConfig (offloaded as --offload-optimizer and --offload-params say).
+    A folder whose lock another run holds: one line, every rank exits BAD_INPUT."""
     hyper = dict(beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, weight_decay=cfg.weight_decay)
     tier = offload_tier(cfg, device.is_gpu, comm.rank)
-    if cfg.offload_optimizer == "host" and tier is None:
-        comm.print0("zerompi: warning: --offload-optimizer host on a CPU run: the host is the device, so the "
-                    "state stays where it is (use file to move it out of memory)", file=out)
-    if not isinstance(tier, FileTier):
-        return OffloadedAdamConfig(**hyper, tier=tier) if tier else AdamConfig(**hyper)
+    param_tier = offload_tier(cfg, device.is_gpu, comm.rank, cfg.offload_params)
+    for flag, choice in (("optimizer", cfg.offload_optimizer), ("params", cfg.offload_params)):
+        if choice == "host" and not device.is_gpu:
+            comm.print0(f"zerompi: warning: --offload-{flag} host on a CPU run: the host is the device, so the "
+                        "state stays where it is (use file to move it out of memory)", file=out)
+    if FileTier not in (type(tier), type(param_tier)):
+        return OffloadedAdamConfig(**hyper, tier=tier, param_tier=param_tier) if tier else AdamConfig(**hyper)
     host = socket.gethostname()
     hosts = np.zeros(comm.size, np.int64)                   # each rank's host, as a number (one max_all)
     hosts[comm.rank] = zlib.crc32(host.encode()) + 1
@@ -45,7 +47,7 @@ def adam_config_for(cfg, comm, device, out):
     if comm.rank == int(np.flatnonzero(hosts == hosts[comm.rank])[0]):     # the lowest rank on this host
         error = lock_and_sweep(cfg.offload_dir, f".{FILE_PREFIX}.{host}.lock", out)
     comm.check_all(error)                                   # every sweep done before any rank creates its file
-    return OffloadedAdamConfig(**hyper, tier=tier)
+    return OffloadedAdamConfig(**hyper, tier=tier, param_tier=param_tier)
 
 
 def lock_and_sweep(folder, lock_name, out):

@@ -46,7 +46,7 @@ from ...mpi import MpiUnavailable, launcher_rank
 from ...observe import guards_for
 from ...observe.trace import Tracer, create_trace_file
 from ...observe.watchdog import await_announced_abort
-from ...offload import OffloadedAdamW, OffloadError
+from ...offload import OffloadedAdamW, OffloadedStage3, OffloadError
 from ...plan import RunShape
 from ...plan.preflight import preflight_error
 from ...step import count_correct, train_step
@@ -128,8 +128,8 @@ def setup(cfg, comm, out):
     shape = run_shape(cfg, sizes, comm.size, grouping, comm.node_of_rank, comm.device.is_gpu, comm.rank)
     comm.check_all(preflight_error(shape, comm.rank, comm.device, ranks_on_node))
     precision, rows = shape.precision, shape.rows            # rows: this rank's rows of one micro-batch
-    engine = build_engine(sizes, shape.stage, precision, adam_config, rows, comm, shape.micro_batches,
-                          shape.overlap.bucket_mb, shape.overlap.start, hierarchy_for(comm, grouping))
+    engine = build_engine(sizes, shape.stage, precision, adam_config, rows, comm, shape.micro_batches, shape.overlap.bucket_mb,
+                          shape.overlap.start, hierarchy_for(comm, grouping), shape.offload_params and OffloadedStage3)
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
     comm.check_all(tensorboard_missing() if cfg.tensorboard and comm.rank == 0 else None)
@@ -273,6 +273,7 @@ def finish(state, train_seconds):
     if state.tracer is not None:
         state.tracer.detach(engine)                          # the spans of the training steps only
     train_comm = {p: comm.ledger.totals({p}) + comm.ledger.inter_node({p}) for p in (GRADS, PARAMS)}
+    train_moved = engine.stage.adam.moved() if isinstance(engine.stage.adam, OffloadedAdamW) else None
 
     if data.x_test is not None:
         accuracy, not_finite = held_out_accuracy(engine, data, state.shape.precision.compute, state.shape.rows)
@@ -288,7 +289,7 @@ def finish(state, train_seconds):
         state.metrics.close()
     if state.tracer is not None:
         state.tracer.close()
-    report = build_report(engine, train_comm, steps_run, cfg.stage, cfg.grad_accum, state.shape.grouping)
+    report = build_report(engine, train_comm, steps_run, cfg.stage, cfg.grad_accum, state.shape.grouping, train_moved)
     if comm.rank == 0 and cfg.report == "table":
         print("\n" + format_table(report), flush=True)
     elif comm.rank == 0 and cfg.report == "json":

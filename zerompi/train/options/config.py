@@ -121,8 +121,11 @@ class TrainConfig:
                                     "on the CPU; on a CPU run the host is the device), file (ZeRO-Infinity: "
                                     "a scratch file per rank in --offload-dir, read and written in tiles; "
                                     "docs/offload.md)", ZERO, choices=OFFLOAD_CHOICES)
-    offload_dir: str = option("", "the folder of --offload-optimizer file's scratch files (one per rank, "
-                              "removed however the run ends); may be node-local", ZERO, metavar="DIR")
+    offload_params: str = option("none", "stage 3: where each rank's parameter shard lives: none, host or file "
+                                 "(read a layer ahead of its all-gathers; needs --offload-optimizer host or "
+                                 "file, where the update runs)", ZERO, choices=OFFLOAD_CHOICES)
+    offload_dir: str = option("", "the folder of the file tier's scratch files (one or two per rank, removed "
+                              "however the run ends); may be node-local", ZERO, metavar="DIR")
     check_collectives: bool = option(False, "before each collective, check that every rank calls the same "
                                      "one (kind, size, dtype, call site); stop naming both sides if not",
                                      ZERO)

@@ -26,9 +26,14 @@ def check_config(cfg, num_ranks):
         return "--comm nccl needs --device gpu (NCCL moves GPU memory only)"
     if not (math.isfinite(cfg.bucket_mb) and cfg.bucket_mb >= 0):
         return f"--bucket-mb must be a finite number >= 0, got {cfg.bucket_mb}"
-    if (cfg.offload_optimizer == "file") != bool(cfg.offload_dir):
-        return ("--offload-optimizer file needs --offload-dir DIR" if cfg.offload_dir == "" else
-                "--offload-dir is the folder of --offload-optimizer file: pass both or neither")
+    if "file" in (cfg.offload_optimizer, cfg.offload_params) and not cfg.offload_dir:
+        return f"--offload-{'optimizer' if cfg.offload_optimizer == 'file' else 'params'} file needs --offload-dir DIR"
+    if cfg.offload_dir and "file" not in (cfg.offload_optimizer, cfg.offload_params):
+        return "--offload-dir is the folder of --offload-optimizer file or --offload-params file: pass one or neither"
+    if cfg.offload_params != "none" and (cfg.stage != 3 or cfg.offload_optimizer == "none" or cfg.overlap
+                                         or cfg.hpz or cfg.shard_group != "world"):
+        return ("--offload-params is stage 3's, with --offload-optimizer host or file (the update runs on the CPU, "
+                "where the parameters are), without --overlap, --hpz or --shard-group")
     if cfg.prefetch < 0:
         return f"--prefetch must be >= 0, got {cfg.prefetch}"
     for name in ("steps", "loss_scale_window"):

@@ -28,8 +28,8 @@ such key:
     zero_optimization.mics_shard_size (-1: off)     --shard-group S (hybrid sharding, MiCS)
     zero_optimization.zero_hpz_partition_size       --hpz when > 1 (1: off); the secondary
                                                     partition is over the ranks of each node
-    zero_optimization.offload_optimizer.device      --offload-optimizer host / file (cpu / nvme:
-        cpu / nvme, nvme_path                           zerompi/offload/), --offload-dir nvme_path
+    zero_optimization.offload_optimizer.device,     --offload-optimizer, --offload-params host /
+    offload_param.device: cpu / nvme, nvme_path     file (zerompi/offload/), --offload-dir nvme_path
     steps_per_print                                 --log-every
 
 "auto" (which Hugging Face Transformers and Accelerate fill in) means: what the command line says,
@@ -58,20 +58,18 @@ Accepted and ignored, because they change nothing in what a step computes:
         on_model_save (and its old fp16 name)       weights
     zero_optimization.elastic_checkpoint,           zerompi's checkpoints load on any N;
     load_from_fp32_weights                          they hold the fp32 master weights
-    zero_optimization.offload_optimizer,            with device "none" (no offload), whatever
-    offload_param                                   else they hold
     fp16.auto_cast false, consecutive_hysteresis    (hysteresis is 1)
 
-Refused with one line naming the key: offload_param to "cpu" or "nvme", offload_optimizer's keys but
-pin_memory, pipeline_* (true), fast_init, buffer_count, ratio (speed only), fp16.hysteresis > 1, a static loss
-scale, fp16.auto_cast true, other optimizers and schedulers (WarmupDecayLR, OneCycle, ...), a stage
-outside 0-3, and every key not listed here.
+Refused with one line naming the key: offload_optimizer's keys but pin_memory, pipeline_* (true), fast_init,
+buffer_count, ratio, offload_param's but pin_memory (true), buffer_count, buffer_size, max_in_cpu (speed
+only), two nvme_paths, fp16.hysteresis > 1, a static loss scale, fp16.auto_cast true, other optimizers
+and schedulers (WarmupDecayLR, OneCycle, ...), a stage outside 0-3, and every key not listed here.
 
 Every value is read with DeepSpeed's type (a boolean is a JSON true/false, a number is not a
 string, `optimizer.params` is an object, ...); a value of another type is one line naming it.
 
-Config files are read only if they are regular files (a FIFO would block before MPI starts), and
-a file nested too deeply for the parser (JSON or TOML) is one line, not a RecursionError.
+Config files are read only if regular files (a FIFO would block before MPI starts); one nested too
+deeply for the parser (JSON or TOML) is one line, not a RecursionError.
 """
 import json
 import sys
@@ -253,22 +251,24 @@ def deepspeed_flags(ds, path, command_line):
     hpz_size = typed(zero, "zero_optimization.", "zero_hpz_partition_size", INTEGER, path)
     if hpz_size is not None and hpz_size > 1:              # 1: off
         flags["--hpz"], keys["--hpz"] = None, "zero_optimization.zero_hpz_partition_size"
-    prefix = "zero_optimization.offload_optimizer."
-    offload = typed(zero, "zero_optimization.", "offload_optimizer", OBJECT, path, {})
-    device = typed(offload, prefix, "device", TEXT, path, "none")
-    tier = {"none": "none", "cpu": "host", "nvme": "file"}.get(device)
-    unsupported.extend([] if tier else [f"{prefix}device={_shown(device)} (none, cpu or nvme)"])
-    if tier not in (None, "none"):               # with "none", DeepSpeed reads no other key of it
-        pipeline = ("pin_memory", "pipeline_read", "pipeline_write")           # what zerompi always does
-        leftovers(prefix, offload, {"device", "nvme_path", "fast_init", "buffer_count", "ratio", *pipeline})
-        unsupported.extend(f"{prefix}{key}=false (zerompi always pins and pipelines its tiers)" for key in pipeline
-                           if typed(offload, prefix, key, BOOLEAN, path, True) is False)
-    put("--offload-optimizer", tier, prefix + "device")
-    put("--offload-dir", typed(offload, prefix, "nvme_path", TEXT, path) if tier == "file" else None, prefix + "nvme_path")
-    param_device = typed(typed(zero, "zero_optimization.", "offload_param", OBJECT, path, {}),
-                         "zero_optimization.offload_param.", "device", TEXT, path, "none")
-    unsupported.extend([f"zero_optimization.offload_param.device={_shown(param_device)} (zerompi offloads the "
-                        f"optimizer state, not yet the parameters: 'none')"] if param_device != "none" else [])
+    for section, flag, pipeline, speed_only in (     # pipeline: what zerompi always does; the rest, speed only
+            ("offload_optimizer", "--offload-optimizer", ("pin_memory", "pipeline_read", "pipeline_write"),
+             ("fast_init", "buffer_count", "ratio")),
+            ("offload_param", "--offload-params", ("pin_memory",), ("buffer_count", "buffer_size", "max_in_cpu"))):
+        prefix = f"zero_optimization.{section}."
+        offload = typed(zero, "zero_optimization.", section, OBJECT, path, {})
+        device = typed(offload, prefix, "device", TEXT, path, "none")
+        tier = {"none": "none", "cpu": "host", "nvme": "file"}.get(device)
+        unsupported.extend([] if tier else [f"{prefix}device={_shown(device)} (none, cpu or nvme)"])
+        if tier not in (None, "none"):           # with "none", DeepSpeed reads no other key of it
+            leftovers(prefix, offload, {"device", "nvme_path", *speed_only, *pipeline})
+            unsupported.extend(f"{prefix}{key}=false (zerompi always pins and pipelines its tiers)" for key in pipeline
+                               if typed(offload, prefix, key, BOOLEAN, path, True) is False)
+        nvme_path = typed(offload, prefix, "nvme_path", TEXT, path) if tier == "file" else flags.get("--offload-dir")
+        unsupported.extend([f"{prefix}nvme_path={_shown(nvme_path)} (zerompi has one --offload-dir for both)"]
+                           if flags.get("--offload-dir", nvme_path) != nvme_path else [])
+        put(flag, tier, prefix + "device")
+        put("--offload-dir", nvme_path if tier == "file" else None, prefix + "nvme_path")
 
     for key, flag in (("train_batch_size", "--batch-size"), ("train_micro_batch_size_per_gpu", "--micro-batch-size"),
                       ("gradient_accumulation_steps", "--grad-accum")):

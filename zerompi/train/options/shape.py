@@ -12,16 +12,19 @@ def overlap_config(cfg):
     return OverlapConfig(enabled=cfg.overlap, bucket_mb=cfg.bucket_mb, prefetch=cfg.prefetch)
 
 
-def offload_tier(cfg, on_gpu, rank):
-    """--offload-optimizer's tier (zerompi/offload/), or None: the device's memory (and a CPU
-    run's host tier, the host being the device)."""
-    if cfg.offload_optimizer == "file":
+def offload_tier(cfg, on_gpu, rank, choice=None):
+    """--offload-optimizer's tier (or choice's: --offload-params'; zerompi/offload/), or None: the
+    device's memory (and a CPU run's host tier, the host being the device)."""
+    choice = cfg.offload_optimizer if choice is None else choice
+    if choice == "file":
         return FileTier(cfg.offload_dir, rank)
-    return HostTier() if cfg.offload_optimizer == "host" and on_gpu else None
+    # a CPU's host tier is its memory; kept for the optimizer that updates a parameter file
+    return HostTier() if choice == "host" and (on_gpu or cfg.offload_params == "file") else None
 
 
 def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None, on_gpu=False, rank=0):
     """What the run's memory and collectives depend on (RunShape, zerompi/plan/__init__.py)."""
     return RunShape(tuple(sizes), cfg.stage, cfg.precision, cfg.micro_batch_size, num_ranks,
                     cfg.grad_accum, grouping, overlap_config(cfg), node_of_rank, bool(cfg.init_weights or cfg.resume),
-                    cfg.collective_timeout > 0, offload_tier(cfg, on_gpu, rank))
+                    cfg.collective_timeout > 0, offload_tier(cfg, on_gpu, rank),
+                    offload_tier(cfg, on_gpu, rank, cfg.offload_params))

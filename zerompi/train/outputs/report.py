@@ -35,6 +35,7 @@ from ...memory import passes_over_params, ring_traffic
 from ...offload import OffloadedAdamW
 from ...util.words import counted, format_bytes
 
+OFFLOADED = {"optimizer": "optimizer state", "params": "parameters"}    # what the report calls each kind
 MOVES = ("to_host", "to_device", "file_read", "file_written")    # zerompi/offload/'s TierTraffic, per step
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
                           "grads_intra_node_bytes", "grads_inter_node_bytes", "params_intra_node_bytes",
@@ -42,18 +43,19 @@ COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm
                           "host_bytes", "file_bytes", *(f"{kind}{side}" for side in ("", "_formula") for kind in MOVES))
 
 
-def tier_numbers(engine, steps):
-    """This rank's bytes in the host and file tiers, what it moved between tiers per step (a mean
-    over the steps run: a skipped step moves nothing) and the formula of one step (zerompi/offload/)."""
+def tier_numbers(engine, steps, moved, micro_batches):
+    """This rank's bytes in the host and file tiers, what the training steps moved between tiers
+    per step (`moved`, a mean over the steps run: a skipped step moves less) and the formula of one
+    step (zerompi/offload/)."""
     memory, adam = engine.memory, engine.stage.adam
     tiers = [memory.bytes_by_tier["host"], memory.bytes_by_tier["file"]]
     if not isinstance(adam, OffloadedAdamW):
         return tiers + [0.0] * 2 * len(MOVES)
-    moved, formula = adam.moved(), adam.formula_per_step()
+    formula = adam.formula_per_step(micro_batches)
     return tiers + [getattr(moved, kind) / steps for kind in MOVES] + [getattr(formula, kind) for kind in MOVES]
 
 
-def rank_numbers(engine, train_comm, steps):
+def rank_numbers(engine, train_comm, steps, moved=None, micro_batches=1):
     """This rank's measured numbers, per step for communication. train_comm: the CommLedger
     totals of the training steps only, as {purpose: (calls, bytes, elements, seconds, inter-node
     bytes, inter-node elements)}."""
@@ -66,13 +68,14 @@ def rank_numbers(engine, train_comm, steps):
                      (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps,
                      (grads[1] - grads[4]) / steps, grads[4] / steps, (params[1] - params[4]) / steps,
                      params[4] / steps, (grads[2] + params[2] - inter_elements) / steps, inter_elements / steps,
-                     *tier_numbers(engine, steps)], dtype=np.float64)
+                     *tier_numbers(engine, steps, moved, micro_batches)], dtype=np.float64)
 
 
-def build_report(engine, train_comm, steps, stage, micro_batches, grouping):
-    """Collective. On rank 0: a dict with every rank's numbers and the formulas; None elsewhere."""
+def build_report(engine, train_comm, steps, stage, micro_batches, grouping, moved=None):
+    """Collective. On rank 0: a dict with every rank's numbers and the formulas; None elsewhere.
+    moved: the training steps' TierTraffic (zerompi/offload/), or None."""
     comm, layout = engine.comm, engine.layout
-    mine = rank_numbers(engine, train_comm, steps)
+    mine = rank_numbers(engine, train_comm, steps, moved, micro_batches)
     everyone = np.zeros((comm.size, mine.size)) if comm.rank == 0 else None
     comm.gather_to_root(mine, everyone)
     if comm.rank != 0:
@@ -96,7 +99,14 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping):
         "comm_formula_node_elements_per_step": split[0],
         "comm_formula_padded_node_elements_per_step": split[1],
         "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
+        "offloaded": offloaded_kinds(everyone),
     }
+
+
+def offloaded_kinds(everyone):
+    """The model-state kinds kept outside the device's memory (zerompi/offload/): none of their
+    bytes in it on any rank."""
+    return [kind for kind in ("optimizer", "params") if not everyone[:, COLUMNS.index(kind)].any()]
 
 
 def node_split(collectives, node_of_rank):
@@ -131,16 +141,16 @@ def format_table(report):
         f"{'rank':>4} {'params':>11} {'grads':>11} {'optimizer':>11} {'model state':>12} "
         f"{'formula':>11} {'work':>11} {'activations':>11} {'peak RSS':>10}",
     ]
-    offloaded = any(row["host_bytes"] + row["file_bytes"] for row in r["per_rank"])
-    formula = r["memory_formula_bytes"]["total"] - (r["memory_formula_bytes"]["optimizer"] if offloaded else 0)
+    offloaded = r["offloaded"]
+    formula = r["memory_formula_bytes"]["total"] - sum(r["memory_formula_bytes"][kind] for kind in offloaded)
     for rank, row in enumerate(r["per_rank"]):
         state = row["params"] + row["grads"] + row["optimizer"]
         lines.append(f"{rank:>4} {format_bytes(row['params']):>11} {format_bytes(row['grads']):>11} {format_bytes(row['optimizer']):>11} "
                      f"{format_bytes(state):>12} {format_bytes(formula):>11} {format_bytes(row['work']):>11} "
                      f"{format_bytes(row['activations']):>11} {format_bytes(row['peak_rss']):>10}")
-    padded = r["memory_formula_padded_bytes"]["total"] - (r["memory_formula_padded_bytes"]["optimizer"] if offloaded else 0)
+    padded = r["memory_formula_padded_bytes"]["total"] - sum(r["memory_formula_padded_bytes"][k] for k in offloaded)
     lines += [f"     formula at Psi_pad: {padded:,.0f} B; at Psi: {formula:,.0f} B (difference = padding)"
-              f"{'; less the offloaded optimizer state' if offloaded else ''}", "",
+              f"{''.join(f'; less the offloaded {OFFLOADED[kind]}' for kind in offloaded)}", "",
               "Communication per rank per training step (ring volume counted from each call's buffer, elements)",
               f"{'rank':>4} {'grads':>12} {'params':>12} {'total':>12} {'formula':>12} {'bytes':>10} {'calls':>6}"
               f" {'MPI time':>10}"]
@@ -162,9 +172,10 @@ def format_table(report):
 
 
 def format_tiers(report):
-    """--offload-optimizer: each rank's bytes by tier, and what it moved between them per step."""
-    lines = ["Offloaded optimizer state per rank: bytes by tier, and moved between tiers per step "
-             "(counted from each copy, read and write)",
+    """--offload-optimizer (and --offload-params): each rank's bytes by tier, and what it moved
+    between them per step."""
+    lines = [f"Offloaded {' and '.join(OFFLOADED[kind] for kind in report['offloaded'])} per rank: bytes by tier, and moved between tiers per "
+             "step (counted from each copy, read and write)",
              f"{'rank':>4} {'device':>10} {'host':>10} {'file':>10} {'to host':>10} {'to device':>10} "
              f"{'file read':>10} {'file write':>10} {'formula':>10}"]
     for rank, row in enumerate(report["per_rank"]):
@@ -176,6 +187,9 @@ def format_tiers(report):
     lines.append(f"     formula per step that updates: file C x Psi_owned x bytes each way (C = 3 with an fp32 "
                  f"master, 2 without); GPU: the gradient host-ward {format_bytes(row['to_host_formula'])}, "
                  f"the parameters device-ward {format_bytes(row['to_device_formula'])}")
+    if "params" in report["offloaded"]:
+        lines.append("     and the offloaded parameter shard: a file read (2 M + 1) times, written once; a GPU's "
+                     "copied device-ward for each of the 2 M all-gathers (M micro-batches)")
     return lines
 
 
