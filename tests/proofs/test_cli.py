@@ -225,7 +225,7 @@ def _write(name, text):
 _toml_unknown_keys = _write("run.toml", "stage = 1\nbatchsize = 4\nlearning_rate = 0.1\n")
 _toml_invalid = _write("run.toml", "stage = \n")
 _toml_bad_value = _write("run.toml", 'lr = "fast"\n')
-_ds_unsupported = _write("ds.json", '{"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},'
+_ds_unsupported = _write("ds.json", '{"zero_optimization": {"stage": 2, "offload_param": {"device": "gpu"}},'
                                     ' "optimizer": {"type": "Lamb"}, "wall_clock_breakdown": false}')
 _ds_inconsistent = _write("ds.json", '{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}')
 _ds_invalid = _write("ds.json", '{"zero_optimization": {"stage": 2},}')
@@ -298,8 +298,7 @@ BAD_INPUTS = [
     ("config-bad-value", ["--config", "{input}"], "run.toml: lr='fast' must be a number",
      _toml_bad_value, (2,)),
     ("deepspeed-unsupported", ["--deepspeed-config", "{input}"], "unsupported DeepSpeed settings: "
-     "zero_optimization.offload_param.device='cpu' (zerompi offloads the optimizer state, not yet the parameters: "
-     "'none'), optimizer.type='Lamb'",
+     "zero_optimization.offload_param.device='gpu' (none, cpu or nvme), optimizer.type='Lamb'",
      _ds_unsupported, (2,)),
     ("deepspeed-inconsistent-batch", ["--config", "{input}"], "--batch-size 12, --micro-batch-size 4 and "
      "--grad-accum 2 disagree on 3 ranks", _ds_inconsistent, (3,)),

@@ -282,6 +282,7 @@ def test_a_parameter_file_cut_short_is_one_offload_error_in_the_step_that_reads_
     adam = OffloadedAdamConfig(tier=tier, param_tier=tier)
     batches = make_batches([12, 37, 53, 7], 2, rows=24)
     engine, _ = train_zero(3, [12, 37, 53, 7], np.float32, batches[:1], Communicator(), adam=adam)
+    engine.stage.param_shard.finish()                         # the update's write-backs done: then the cut
     os.ftruncate(engine.stage.param_shard.fd, 100)           # another process, through /proc/PID/fd
     with pytest.raises(OffloadError, match=r"zerompi-offload\..*\.params is shorter than this run made it") as raised:
         run_steps(engine, batches[1:])

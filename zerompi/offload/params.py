@@ -75,7 +75,7 @@ class OffloadedStage3(Stage3):
         skipped (fp16 overflow) is forgotten, so that each step reads what its formula says."""
         super().start_micro_batch(first, last)
         if first:
-            self.param_shard.forget_ahead()
+            self.param_shard.start_step()
 
     def finish_communication(self):
         super().finish_communication()
@@ -123,8 +123,8 @@ class HostParams:
     def written(self, region):
         """Nothing: the update wrote the array itself."""
 
-    def forget_ahead(self):
-        """Nothing is read ahead."""
+    def start_step(self):
+        """Nothing is read ahead, nothing is in flight."""
 
     def finish(self):
         """Nothing in flight."""
@@ -215,6 +215,12 @@ class FileParams:
 
     def forget_ahead(self):
         self.holds = [None, None]
+
+    def start_step(self):
+        """The last step's write-backs done, and the file checked whole (a cut that they filled
+        again leaves holes: zerompi/offload/stores.py's check_not_cut); nothing read ahead."""
+        self.finish()
+        self.forget_ahead()
 
     def close(self):
         try:
