@@ -5,12 +5,14 @@
 
 Method (every rank with 1 BLAS thread, float32): one engine per tier, built as zerompi.train builds
 it (the none row: zerompi/adam.py's AdamConfig; the file row: OffloadedAdamConfig with a FileTier
-in DIR), initialized alike, `warmup` steps. Then `repeats` rounds; in each, every row in turn:
+in DIR; at stage 3 the file+par row: the parameter shard in a file of DIR too, OffloadedStage3),
+initialized alike, `warmup` steps. Then `repeats` rounds; in each, every row in turn:
 Barrier, `steps` train_steps. A round's time is the max over ranks of its mean step time; the
 median over rounds is printed (interleaving makes a burst of load from other processes hit every
 row alike). Per row and rank 0, per step: the bytes read from and written to the file (counted from
-each pread and pwrite), the I/O thread's achieved GB/s (bytes / its seconds inside them), and the
-share of that I/O time hidden behind AdamW (1 - the time AdamW waited for a tile / the I/O time).
+each pread and pwrite), the I/O threads' achieved GB/s (bytes / their seconds inside them), and the
+share of that I/O time hidden behind AdamW and the passes (1 - the time the step waited for a tile
+or a layer / the I/O time).
 The host tier needs a GPU (on a CPU the host is the device): it has no row here.
 
 ZeRO-Infinity's efficiency (arXiv 2104.07857, section 4): a step whose compute runs at `peak` and
@@ -38,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from zerompi.adam import AdamConfig                                  # noqa: E402
 from zerompi.comm import Communicator                                # noqa: E402
 from zerompi.engine import build_engine                              # noqa: E402
-from zerompi.offload import FileTier, OffloadedAdamConfig            # noqa: E402
+from zerompi.offload import FileTier, OffloadedAdamConfig, OffloadedStage3   # noqa: E402
 from zerompi.precision import precision_for                          # noqa: E402
 from zerompi.step import train_step                                  # noqa: E402
 
@@ -61,9 +63,10 @@ def parse_args(argv):
 
 
 class Row:
-    def __init__(self, name, adam, args, comm):
+    def __init__(self, name, adam, args, comm, stage_class=None):
         self.name, self.args = name, args
-        self.engine = build_engine(args.sizes, args.stage, precision_for("float32"), adam, args.batch_per_rank, comm)
+        self.engine = build_engine(args.sizes, args.stage, precision_for("float32"), adam, args.batch_per_rank, comm,
+                                   stage_class=stage_class)
         self.engine.init_params(0)
         rng = np.random.default_rng(WORLD.Get_rank())
         self.x = rng.standard_normal((args.batch_per_rank, args.sizes[0])).astype(np.float32)
@@ -85,11 +88,12 @@ class Row:
         self.rounds.append(WORLD.allreduce(mine, op=MPI.MAX))
 
     def counters(self):
-        store = getattr(self.engine.stage.adam, "store", None)
-        if store is None:
-            return (0, 0, 0.0, 0.0)
-        store.finish()
-        return (store.bytes_read, store.bytes_written, store.io_seconds, store.waited_seconds)
+        adam = self.engine.stage.adam
+        files = [f for f in (getattr(adam, "store", None), getattr(adam, "params", None)) if f is not None]
+        for f in files:
+            f.finish()
+        return tuple(sum(getattr(f, name) for f in files)
+                     for name in ("bytes_read", "bytes_written", "io_seconds", "waited_seconds"))
 
     def result(self):
         read, written, io_s, waited_s = (b - a for a, b in zip(self.start, self.counters()))
@@ -125,12 +129,15 @@ def main(argv=None):
         comm = Communicator()
         tier = FileTier(args.dir, WORLD.Get_rank())
         rows = [Row("none", AdamConfig(), args, comm), Row("file", OffloadedAdamConfig(tier=tier), args, comm)]
+        if args.stage == 3:
+            rows.append(Row("file+par", OffloadedAdamConfig(tier=tier, param_tier=tier), args, comm, OffloadedStage3))
         for _ in range(args.repeats):
             for row in rows:
                 row.time_round()
         out["rows"] = {row.name: row.result() for row in rows}
         out["gemm_gflops"] = WORLD.allreduce(gemm_gflops(args), op=MPI.MIN)
-        rows[1].engine.stage.adam.close()
+        for row in rows[1:]:
+            row.engine.stage.adam.close()
     if WORLD.Get_rank() == 0:
         print_table(out, args)
         if args.json:
@@ -141,12 +148,12 @@ def main(argv=None):
 def print_table(out, args):
     print(f"{out['date']}  {out['cpu']}  BLAS {out['blas']}")
     print(f"MLP {args.sizes}, stage {args.stage}, {out['ranks']} ranks x {args.batch_per_rank} rows, float32")
-    print(f"{'tier':<6} {'step ms':>9} {'x none':>7} {'read MB':>9} {'write MB':>9} {'GB/s':>7} {'hidden':>7}")
+    print(f"{'tier':<8} {'step ms':>9} {'x none':>7} {'read MB':>9} {'write MB':>9} {'GB/s':>7} {'hidden':>7}")
     base = out["rows"]["none"]["step_s"]
     for name, r in out["rows"].items():
         gbs = f"{r['io_gbs']:.2f}" if r["io_gbs"] else "-"
         hidden = f"{100 * r['hidden_share']:.0f}%" if r["hidden_share"] is not None else "-"
-        print(f"{name:<6} {r['step_s'] * 1e3:>9.2f} {r['step_s'] / base:>7.2f} {r['file_read_per_step'] / 1e6:>9.2f} "
+        print(f"{name:<8} {r['step_s'] * 1e3:>9.2f} {r['step_s'] / base:>7.2f} {r['file_read_per_step'] / 1e6:>9.2f} "
               f"{r['file_written_per_step'] / 1e6:>9.2f} {gbs:>7} {hidden:>7}")
     file_row = out["rows"]["file"]
     flops = 6 * args.batch_per_rank * sum(a * b for a, b in zip(args.sizes, args.sizes[1:]))

@@ -12,8 +12,9 @@ from zerompi.ledger import ALLGATHER, ALLREDUCE, GRADS, METRICS, PARAMS, REDUCE_
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_run
 from zerompi.train.commands.calibrate import CalibrationError, read_calibration
-from zerompi.train.commands.cost import (Link, Machine, adam_bytes, cluster_machine, gemm_flops, hideable_seconds,
-                               interpolate, owned_elements, step_cost)
+from zerompi.offload import TILE, FileTier, HostTier
+from zerompi.train.commands.cost import (CostError, FileRates, Link, Machine, adam_bytes, cluster_machine, gemm_flops,
+                                         hideable_seconds, interpolate, owned_elements, step_cost)
 from zerompi.plan.virtual import PlannedCall
 from zerompi.precision import precision_for
 
@@ -94,6 +95,47 @@ def test_overlap_hides_all_but_the_last_reduction_up_to_the_compute():
     assert on.step_s == pytest.approx(off.step_s - on.hidden_s + (on.comm_s - off.comm_s))
     shy = step_cost(plan_run(on_shape), cluster_machine(1.0, 10.0, intra=(0.01, 0.0), overlap_efficiency=0.0))
     assert shy.hidden_s == 0.0
+
+
+def test_the_file_tiers_io_is_priced_at_the_folders_rates_and_hidden_by_the_spare_core():
+    """Stage 3, 2 micro-batches, optimizer state (S) and parameter shard (P) in files: by hand,
+    update (S + P) / read + (S + P) / write, but its first tile read and last written, behind AdamW;
+    passes 2 M P / read, but layer 0's at the start, behind the compute; all of it exposed without
+    a spare core; the page cache's rates where the node's files fit."""
+    sizes = (64, 600, 600, 10)
+    shape = RunShape(sizes, 3, FP32, 16, 2, 2, offload=FileTier(None, 0), offload_params=FileTier(None, 0))
+    plan = plan_run(shape)
+    owned = owned_elements(plan)
+    S, P = 2 * 4 * owned, 4 * owned                         # m and v; the float32 shard
+    assert plan.tier_bytes("file") == S + P and owned < TILE         # one tile: all of S comes first
+    rates = FileRates(read=1e6, write=5e5, cached_read=4e6, cached_write=2e6)
+    machine = Machine(gemm=((1.0, 1e9),), bandwidth=1e9, intra=Link(0.0, 1e9), overlap_efficiency=0.0, files=rates)
+
+    def by_hand(read, write, e, adam, passes_behind):
+        update, passes = (S + P) / read + (S + P) / write, 2 * 2 * P / read
+        return update - e * min(P / read + P / write, adam) + passes - e * min(passes - P / 3 / read, passes_behind)
+    disk = step_cost(plan, machine)
+    assert disk.offload_s == pytest.approx(by_hand(1e6, 5e5, 0, 0, 0))
+    in_memory = step_cost(plan_run(RunShape(sizes, 3, FP32, 16, 2, 2)), machine)
+    assert disk.step_s == pytest.approx(in_memory.step_s + disk.offload_s)   # the same step, plus the files
+    cached = step_cost(plan, machine, page_cache_bytes=2 * (S + P))         # both ranks' files fit
+    assert cached.offload_s == pytest.approx(by_hand(4e6, 2e6, 0, 0, 0))
+    assert step_cost(plan, machine, page_cache_bytes=2 * (S + P) - 1).offload_s == disk.offload_s
+    spare = Machine(gemm=((1.0, 1e9),), bandwidth=1e9, intra=Link(0.0, 1e9), overlap_efficiency=1.0, files=rates)
+    hidden = step_cost(plan, spare)
+    assert hidden.offload_s == pytest.approx(by_hand(1e6, 5e5, 1, hidden.optimizer_s,
+                                                     hidden.compute_s + hidden.elementwise_s))
+    assert 0 < hidden.offload_s < disk.offload_s
+
+
+def test_an_offloaded_plan_needs_the_folders_rates_and_the_host_tier_on_a_cpu_costs_none():
+    plan = plan_run(RunShape((64, 100, 10), 3, FP32, 16, 2, offload=FileTier(None, 0)))
+    with pytest.raises(CostError, match="calibrate --offload-dir"):
+        step_cost(plan, cluster_machine(1.0, 1.0, intra=(1.0, 0.0)))
+    host = plan_run(RunShape((64, 100, 10), 3, FP32, 16, 2, offload=HostTier()))
+    memory = plan_run(RunShape((64, 100, 10), 3, FP32, 16, 2))
+    machine = cluster_machine(1.0, 1.0, intra=(1.0, 0.0))
+    assert step_cost(host, machine) == step_cost(memory, machine)       # AdamW over the same memory
 
 
 def plan_cli(*flags, timeout=60):
@@ -178,6 +220,8 @@ def broken(change):
     broken(lambda d: d.update(elementwise_s="fast")),
     broken(lambda d: d.update(overlap_efficiency=2)),
     broken(lambda d: d.pop("adam_s")),
+    broken(lambda d: d.update(files={"read": 1e9, "write": 1e9, "cached_read": 1e9})),   # one rate missing
+    broken(lambda d: d.update(files={"read": 1e9, "write": 0, "cached_read": 1e9, "cached_write": 1e9})),
 ])
 def test_bad_calibration_file_is_one_line(tmp_path, text):
     path = tmp_path / "machine.json"
@@ -199,26 +243,49 @@ def test_good_calibration_predicts_and_names_unmeasured_rank_counts(tmp_path):
 
 
 def test_calibrate_writes_a_valid_file_at_two_ranks(tmp_path):
-    out = tmp_path / "machine.json"
-    run = launch(2, "calibrate", "--out", out, cwd=REPO_ROOT, program=("-m", "zerompi.plan"), timeout=180)
+    out, folder = tmp_path / "machine.json", tmp_path / "offload"
+    folder.mkdir()
+    run = launch(2, "calibrate", "--out", out, "--offload-dir", folder, cwd=REPO_ROOT, program=("-m", "zerompi.plan"),
+                 timeout=180)
     assert run.returncode == 0, run.describe()
     machine = read_calibration(str(out))
     assert set(machine.collectives) == {1, 2}
     assert json.loads(out.read_text())["seconds"] > 0
-    assert not [p for p in os.listdir(tmp_path) if p != "machine.json"]     # no temporary left
+    assert machine.files.read > 0 and machine.files.cached_write > 0
+    assert not [p for p in os.listdir(tmp_path) if p not in ("machine.json", "offload")]     # no temporary left
+    assert os.listdir(folder) == []                                         # the scratch files gone
+    result = plan_cli("--calibration", out, "--hidden", "2048,2048", "--ranks", 2, *ROWS)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("stage 3 opt")]
+    assert [row.split("|")[0].split()[:4] for row in rows] == [["stage", "3", "opt", "file"],
+                                                               ["stage", "3", "opt+par", "file"]], result.stdout
+    assert all(float(row.split("|")[1].split()[-1]) > 0 for row in rows), result.stdout       # the offload column
+
+
+def test_calibrate_refuses_an_offload_folder_that_is_not_one_before_measuring(tmp_path):
+    run = launch(2, "calibrate", "--out", tmp_path / "m.json", "--offload-dir", tmp_path / "none",
+                 cwd=tmp_path, program=("-m", "zerompi.plan"), timeout=60)
+    assert run.returncode == 2, run.describe()
+    assert run.stderr.strip() == f"zerompi: error: --offload-dir {tmp_path / 'none'} is not a folder", run.describe()
+    assert os.listdir(tmp_path) == []
 
 
 def test_the_accuracy_benchmark_prints_predicted_beside_measured(tmp_path):
-    """benchmarks/plan_accuracy.py on a small MLP, one round: one row per stage with the prediction's
-    parts summing to it, and each ratio its predicted over its measured (no timing asserted)."""
-    run = launch(2, "--widths", 256, "--repeats", 1, "--steps", 1, "--warmup", 1, cwd=tmp_path,
+    """benchmarks/plan_accuracy.py on a small MLP, one round: one row per stage and file tier with
+    the prediction's parts summing to it, and each ratio its predicted over its measured (no timing
+    asserted); the offload folder left empty."""
+    (tmp_path / "offload").mkdir()
+    run = launch(2, "--widths", 256, "--stages", "0,2,3", "--repeats", 1, "--steps", 1, "--warmup", 1,
+                 "--offload-dir", tmp_path / "offload", cwd=tmp_path,
                  program=(os.path.join(REPO_ROOT, "benchmarks", "plan_accuracy.py"),), timeout=240)
     assert run.returncode == 0, run.describe()
-    rows = [line.split() for line in run.stdout.splitlines() if line.startswith("  256 ")]
-    assert [row[1] for row in rows] == ["0", "1", "2", "3"], run.stdout
-    for row in rows:
-        parts, predicted, measured = [float(v) for v in row[3:8]], float(row[9]), float(row[10])
-        ratio, lowest, highest = float(row[12]), float(row[13]), float(row[14])
+    rows = [line.split("|") for line in run.stdout.splitlines() if line.startswith("  256 ")]
+    assert [" ".join(row[0].split()[1:]) for row in rows] == ["0", "2", "3", "3 opt", "3 o+p"], run.stdout
+    assert os.listdir(tmp_path / "offload") == []
+    for name, row in zip(("0", "2", "3", "3 opt", "3 o+p"), rows):
+        parts, (predicted, measured) = [float(v) for v in row[1].split()], map(float, row[2].split())
+        ratio, lowest, highest = map(float, row[3].split())
+        assert (parts[-1] > 0) == ("opt" in name or "o+p" in name), run.stdout     # the files' I/O
         assert predicted == pytest.approx(sum(parts), abs=0.3) and predicted > 0     # each part to 0.1 ms
         assert ratio == pytest.approx(predicted / measured, rel=0.1) and lowest == ratio == highest   # one round
 

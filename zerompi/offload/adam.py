@@ -125,3 +125,5 @@ class OffloadedAdamW(AdamW):
 
     def close(self):
         self.store.close()
+        if self.params is not None:
+            self.params.close()

@@ -27,6 +27,7 @@ counts these moves with its own (`params`). Outside the step (checkpoints, initi
 shard is a Column (zerompi/offload/stores.py), read and written by slices.
 """
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -158,6 +159,7 @@ class FileParams:
         self.current = 0                 # the buffer of the access now
         self.blocks = allocated_blocks(fd, self.nbytes)
         self.bytes_read = self.bytes_written = self.to_device = 0
+        self.io_seconds = self.waited_seconds = 0.0  # the I/O thread's time in them; the step's waiting
 
     def column(self, shard):
         return Column(self, 0, shard.stop - shard.start, self.dtype, shard.start)
@@ -168,9 +170,11 @@ class FileParams:
         k = 1 - self.current                         # the buffer read ahead into
         if self.holds[k] != region:                  # not what was read ahead: read it now
             self.start_read(k, region)
+        waiting = time.perf_counter()
         self.reads[k].result()                       # its read done, errors raised here
         if self.writes[k] is not None:               # the write-back queued before that read
             self.writes[k].result()
+        self.waited_seconds += time.perf_counter() - waiting
         self.current = k
         if ahead is not None:
             self.start_read(1 - k, ahead)
@@ -187,12 +191,16 @@ class FileParams:
     def read_region(self, k, region):
         """I/O thread: the region from the file into buffer k."""
         buffer = self.buffers[k][:region[1] - region[0]]
+        start = time.perf_counter()
         transfer(self.fd, self.path, os.preadv, buffer, region[0] * self.dtype.itemsize, "read")
+        self.io_seconds += time.perf_counter() - start
         self.bytes_read += buffer.nbytes
 
     def write_region(self, k, region):
         buffer = self.buffers[k][:region[1] - region[0]]
+        start = time.perf_counter()
         transfer(self.fd, self.path, os.pwritev, buffer, region[0] * self.dtype.itemsize, "write")
+        self.io_seconds += time.perf_counter() - start
         self.bytes_written += buffer.nbytes
 
     def finish(self):

@@ -20,6 +20,11 @@ single sample can read half the true rate, and noise only ever adds time.
     collectives   zerompi.comm.Communicator's all-reduce, reduce-scatter and all-gather of float32
                   buffers of MESSAGE_BYTES, on this rank alone and on all N ranks
     overlap       1 when each rank of this node has a spare core for the communication thread, else 0
+    files         with --offload-dir DIR: each rank's scratch file there (zerompi/offload/'s FileTier,
+                  FILE_BYTES), written and read a tile at a time as the file tier does: written
+                  then synced (fsync) and read after its pages are dropped from the cache
+                  (posix_fadvise DONTNEED): the disk's rates; written and read again with the
+                  pages in the cache: the page cache's. Bytes/s per rank, all ranks at once
 
 Written by rank 0 as JSON, atomically (a temporary file, then a rename). Reading one back checks
 every field: a file that is not a calibration, truncated or with numbers that cannot be (negative,
@@ -34,6 +39,7 @@ import numpy as np
 
 from ... import layers
 from ...adam import AdamConfig, AdamW
+from ...offload import TILE, FileTier, OffloadError
 from ...util.atomic import atomic_file
 from ...comm import Communicator
 from ...engine import build_engine
@@ -42,7 +48,7 @@ from ...ledger import GRADS, MemoryLedger
 from ...mpi import MPI
 from ...precision import precision_for
 from ...step import train_step
-from .cost import OPS, Machine
+from .cost import OPS, FileRates, Machine
 
 FORMAT = "zerompi.plan calibration"
 VERSION = 1
@@ -55,6 +61,8 @@ ADAM_ELEMENTS = 1 << 21
 ADAM_DTYPES = ("float32", "bf16", "fp16", "float64")
 MESSAGE_BYTES = tuple(1 << k for k in range(10, 27, 2))        # 1 KiB .. 64 MiB, x4 apart
 OVERHEAD_WIDTH, OVERHEAD_LAYERS = 8, (2, 10)
+FILE_BYTES = 64 << 20
+FILE_RATES = ("read", "write", "cached_read", "cached_write")
 
 
 class CalibrationError(ValueError):
@@ -168,8 +176,50 @@ def measure_collectives(comm, mpi):
     return table
 
 
-def calibrate():
-    """Measure everything above on the ranks of MPI.COMM_WORLD; returns the calibration (a dict)."""
+def measure_files(mpi, folder):
+    """FILE_RATES -> bytes/s per rank of a scratch file in `folder` (CalibrationError, one line on
+    every rank, if any rank cannot make its file)."""
+    tile = 3 * TILE * 4                              # master, m, v of one float32 tile
+    buf = np.ones(tile, np.uint8)
+    error = None
+    try:
+        fd, _ = FileTier(folder, mpi.Get_rank()).create(FILE_BYTES, ".calibration")
+    except OffloadError as e:
+        error = str(e)
+    errors = [e for e in mpi.allgather(error) if e]
+    if errors:
+        if error is None:
+            os.close(fd)
+        raise CalibrationError(errors[0])
+    offsets = range(0, FILE_BYTES - tile + 1, tile)
+    moved = len(offsets) * tile
+
+    def write(sync):
+        for offset in offsets:
+            os.pwrite(fd, buf, offset)
+        if sync:
+            os.fsync(fd)
+
+    def read(cached):
+        if not cached:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)    # the next reads come from the disk
+        for offset in offsets:
+            os.preadv(fd, [buf], offset)
+    try:
+        write(True)
+        seconds = {"write": best_seconds(mpi, lambda: write(True), samples=3),
+                   "read": best_seconds(mpi, lambda: read(False), samples=3),
+                   "cached_write": best_seconds(mpi, lambda: write(False), samples=3),
+                   "cached_read": best_seconds(mpi, lambda: read(True), samples=3)}
+    finally:
+        os.close(fd)
+    return {name: moved / seconds[name] for name in FILE_RATES}
+
+
+def calibrate(offload_dir=None):
+    """Measure everything above on the ranks of MPI.COMM_WORLD; returns the calibration (a dict).
+    offload_dir: the folder whose file rates to measure too (None: no file rates)."""
     from threadpoolctl import threadpool_limits
     from ...cpu import blas_threads
     world = Communicator()
@@ -190,6 +240,8 @@ def calibrate():
         result["collectives"] = {"1": measure_collectives(Communicator(MPI.COMM_SELF), mpi)}
         if world.size > 1:
             result["collectives"][str(world.size)] = measure_collectives(world, mpi)
+        if offload_dir is not None:
+            result["files"] = measure_files(mpi, offload_dir)
     result["overlap_efficiency"] = 1.0 if cores >= 2 * ranks_on_node else 0.0
     result["seconds"] = mpi.allreduce(time.perf_counter() - started, op=MPI.MAX)
     return result
@@ -264,5 +316,7 @@ def machine_from(data):
                    adam_s={name: _positive(s, f"adam_s[{name}]") for name, s in data["adam_s"].items()},
                    layer_overhead_s=_non_negative(data["layer_overhead_s"], "layer_overhead_s"),
                    step_overhead_s=_non_negative(data["step_overhead_s"], "step_overhead_s"),
-                   overlap_efficiency=efficiency)
+                   overlap_efficiency=efficiency,
+                   files=None if "files" not in data else
+                   FileRates(**{name: _positive(data["files"][name], f"files[{name}]") for name in FILE_RATES}))
 

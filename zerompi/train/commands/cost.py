@@ -3,7 +3,7 @@
 Pure arithmetic on a RunPlan (zerompi/plan/__init__.py: the collectives the run will make, each
 as MPI gets it) and a Machine (measured by zerompi/train/commands/calibrate.py, or a cluster's numbers):
 
-    step = compute + elementwise + optimizer + overhead + comm - hidden
+    step = compute + elementwise + optimizer + overhead + comm - hidden + offload
 
     compute      the GEMMs of one step per rank, each at the GEMM rate for its size:
                  per layer of input width I, output width O, micro-batch rows B, per micro-batch
@@ -43,12 +43,24 @@ as MPI gets it) and a Machine (measured by zerompi/train/commands/calibrate.py, 
                  spare core or a network card moves its bytes, 0 where every core runs a rank
                  (measured: the copies then take the cores the GEMMs need,
                  docs/overlap-and-performance.md).
+    offload      the file tier's I/O that nothing hides (zerompi/offload/), at the folder's rates
+                 (calibrated with --offload-dir): the page cache's where the node's offload files
+                 fit in the memory the run leaves free, else the disk's (synced writes, reads of
+                 pages dropped from the cache). With S the optimizer state in the file, P the
+                 parameter shard in the file, M micro-batches, L layers, e = overlap_efficiency:
+                     update   io_u = (S + P) / read + (S + P) / write    behind AdamW's seconds
+                     passes   io_p = 2 M P / read                        behind compute + elementwise
+                     first    what nothing runs beside: the first tile of S read and the last
+                              written (T x C elements), and layer 0's shard (P / L) at the step's start
+                     exposed  io - e x min(io - first, what it runs behind), for each
+                 The host tier on a CPU is the device's memory: it costs what AdamW in memory does.
 """
 import bisect
 import math
 from dataclasses import dataclass, field
 
-from ...ledger import ALLGATHER, ALLREDUCE, GRADS, PARAMS, REDUCE_SCATTER
+from ...ledger import ALLGATHER, ALLREDUCE, FILE, GRADS, PARAMS, REDUCE_SCATTER
+from ...offload import TILE
 
 OPS = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER)
 ELEMENTWISE_BYTES = 8 * 24    # ~24 passes (bias, GELU forward 9, backward 12, bias sum), read + write float32
@@ -80,6 +92,15 @@ class Link:
 
 
 @dataclass(frozen=True)
+class FileRates:
+    """An offload folder's rates, bytes per second per rank with every rank of the node moving at once."""
+    read: float                      # pages not in the cache: from the disk
+    write: float                     # written and synced (fsync): to the disk
+    cached_read: float               # pages in the page cache
+    cached_write: float              # into the page cache, not synced (as a run's writes go)
+
+
+@dataclass(frozen=True)
 class Machine:
     """Per-rank limits, with all ranks of a node busy at once (as in training)."""
     gemm: tuple                      # ((FLOPs of one GEMM, FLOP/s), ...) by size; one pair: one rate
@@ -92,6 +113,7 @@ class Machine:
     layer_overhead_s: float = 0.0    # per layer and micro-batch
     step_overhead_s: float = 0.0     # per step
     overlap_efficiency: float = 1.0  # fraction of the hideable communication that overlap hides
+    files: FileRates = None          # the offload folder's rates (None: not calibrated)
 
     def gemm_rate(self, flops):
         sizes = [f for f, _ in self.gemm]
@@ -142,11 +164,12 @@ class StepCost:
     overhead_s: float
     comm_s: float
     hidden_s: float
+    offload_s: float = 0.0
 
     @property
     def step_s(self):
         return (self.compute_s + self.elementwise_s + self.optimizer_s + self.overhead_s + self.comm_s
-                - self.hidden_s)
+                - self.hidden_s + self.offload_s)
 
 
 def gemm_flops(sizes, rows):
@@ -159,12 +182,16 @@ def gemm_flops(sizes, rows):
 
 
 def owned_elements(plan):
-    """The elements AdamW updates on this rank: its optimizer bytes over K bytes per element."""
-    return plan.bytes_by_kind["optimizer"] // int(plan.shape.precision.bytes_per_param().optimizer)
+    """The elements AdamW updates on this rank: its optimizer bytes, in every tier, over K bytes
+    per element."""
+    optimizer = sum(b[4] for b in plan.buffers if b[0] == "optimizer")
+    return optimizer // int(plan.shape.precision.bytes_per_param().optimizer)
 
 
-def step_cost(plan, machine):
-    """The StepCost of one training step of `plan` (plan_run's, with its calls) on `machine`."""
+def step_cost(plan, machine, page_cache_bytes=None):
+    """The StepCost of one training step of `plan` (plan_run's, with its calls) on `machine`.
+    page_cache_bytes: the node's memory the run leaves free for the page cache (None: unknown,
+    the offload files are priced at the disk's rates)."""
     shape = plan.shape
     sizes, rows, micro = shape.sizes, shape.rows, shape.micro_batches
     layers = len(sizes) - 1
@@ -186,7 +213,31 @@ def step_cost(plan, machine):
     if shape.overlap.enabled:
         hidden = machine.overlap_efficiency * min(hideable_seconds(plan.calls, seconds, shape.stage),
                                                   compute * (layers - 1) / layers)
-    return StepCost(compute, elementwise, optimizer, overhead, sum(seconds), hidden)
+    offload = offload_seconds(plan, machine, optimizer, compute + elementwise, page_cache_bytes)
+    return StepCost(compute, elementwise, optimizer, overhead, sum(seconds), hidden, offload)
+
+
+def offload_seconds(plan, machine, adam_s, passes_s, page_cache_bytes):
+    """The file tier's exposed I/O seconds per step (the module docstring's offload term)."""
+    state = sum(b[4] for b in plan.buffers if b[5] == FILE and b[0] == "optimizer")     # S
+    shard = sum(b[4] for b in plan.buffers if b[5] == FILE and b[0] == "params")        # P
+    if not state + shard:
+        return 0.0
+    rates = machine.files
+    if rates is None:
+        raise CostError("the offload folder's rates were not measured: calibrate with "
+                        "`python -m zerompi.plan calibrate --offload-dir DIR`")
+    ranks_on_node = plan.shape.num_ranks if plan.shape.node_of_rank is None else \
+        plan.shape.node_of_rank.count(plan.shape.node_of_rank[plan.rank])
+    cached = page_cache_bytes is not None and (state + shard) * ranks_on_node <= page_cache_bytes
+    read, write = (rates.cached_read, rates.cached_write) if cached else (rates.read, rates.write)
+    e = machine.overlap_efficiency
+    update = (state + shard) / read + (state + shard) / write
+    tile = state * min(1.0, TILE / max(1, owned_elements(plan)))
+    passes = 2 * plan.shape.micro_batches * shard / read
+    layer_0 = shard / (len(plan.shape.sizes) - 1) / read
+    return (update - e * min(update - tile / read - tile / write, adam_s)
+            + passes - e * min(passes - layer_0, passes_s))
 
 
 def hideable_seconds(calls, seconds, stage):

@@ -1,13 +1,16 @@
 """`python -m zerompi.plan`: which ZeRO stage fits, and how fast each runs, before running any.
 
-    mpirun -n N python -m zerompi.plan calibrate --out machine.json
-        measure this machine's limits at N ranks (zerompi/train/commands/calibrate.py), about 10 s
+    mpirun -n N python -m zerompi.plan calibrate --out machine.json [--offload-dir DIR]
+        measure this machine's limits at N ranks (zerompi/train/commands/calibrate.py), about 10 s;
+        with --offload-dir, the file tier's rates in DIR too
 
     python -m zerompi.plan --calibration machine.json --ranks N --hidden 2048,2048 [run options]
     python -m zerompi.plan --gemm-gflops 300 --mem-bandwidth-gbs 20 --intra-bandwidth-gbs 50
         --intra-latency-us 2 [--inter-bandwidth-gbs 12 --inter-latency-us 5 --ranks-per-node 8]
         --ranks N --params 7e8 [run options]
-        one row per stage (and hybrid sharding and hpZ when the ranks span several nodes): memory
+        one row per stage (and hybrid sharding and hpZ when the ranks span several nodes, stage 3
+        with the optimizer state, then the parameters too, in a file where the calibration measured
+        an offload folder): memory
         per rank (what the run's preflight will ask for, zerompi/plan/preflight.py), whether it
         fits, and the predicted step time in its parts (zerompi/train/commands/cost.py); then the fastest
         stage that fits.
@@ -23,6 +26,7 @@ from ...util.exit_codes import ExitCode
 from ...hierarchy import FLAT, Grouping
 from ...util.inputs import available_bytes, format_bytes, printable
 from ...memory import model_size_error
+from ...offload import FileTier
 from .memory_table import OneLineParser, non_negative_float, parameter_count, positive_float, rank_count
 from ...overlap import OverlapConfig
 from ...util.pipes import until_reader_leaves
@@ -90,6 +94,9 @@ def calibrate_parser():
                             "overhead per layer, and the collectives at N (about 10 s at N = 2). Each is "
                             "timed several times and the best kept.")
     p.add_argument("--out", required=True, metavar="FILE", help="the calibration file to write (JSON)")
+    p.add_argument("--offload-dir", metavar="DIR",
+                   help="also measure the file tier's rates in this folder (a scratch file of 64 MiB per rank, "
+                        "written synced and from the page cache; removed however the calibration ends)")
     return p
 
 
@@ -139,12 +146,17 @@ def rows(args, parser):
     return micro, M
 
 
-def variants(args):
-    """(name, stage, grouping) of each row: stages 0-3, then hybrid sharding and hpZ on several nodes."""
-    rows = [(f"stage {s}", s, FLAT) for s in range(4)]
+def variants(args, machine):
+    """(name, stage, grouping, offload tiers) of each row: stages 0-3, hybrid sharding and hpZ on
+    several nodes, and stage 3 with the file tier where the machine's offload folder was measured."""
+    rows = [(f"stage {s}", s, FLAT, {}) for s in range(4)]
     L = args.ranks_per_node
     if L and args.ranks > L:
-        rows += [(f"stage 3 hybrid S={L}", 3, Grouping(shard_group=L)), (f"stage 3 hpZ L={L}", 3, Grouping(hpz_node_size=L))]
+        rows += [(f"stage 3 hybrid S={L}", 3, Grouping(shard_group=L), {}),
+                 (f"stage 3 hpZ L={L}", 3, Grouping(hpz_node_size=L), {})]
+    if machine.files is not None:
+        rows += [("stage 3 opt file", 3, FLAT, {"offload": FileTier(None, 0)}),
+                 ("stage 3 opt+par file", 3, FLAT, {"offload": FileTier(None, 0), "offload_params": FileTier(None, 0)})]
     return rows
 
 
@@ -171,11 +183,12 @@ def predict(args, parser):
     available = (args.memory_per_rank_gb * 1e9 if args.memory_per_rank_gb else available_bytes(L))
     shape = RunShape(sizes, 0, precision, micro, N, accum, FLAT, OverlapConfig(enabled=args.overlap), node_of_rank)
     rows_out = []
-    for name, stage, grouping in variants(args):
+    for name, stage, grouping, tiers in variants(args, machine):
         s = RunShape(sizes, stage, precision, micro, N, accum, grouping, shape.overlap, node_of_rank,
-                     watchdog=True)                    # zerompi.train's default --collective-timeout
+                     watchdog=True, **tiers)           # watchdog: zerompi.train's default --collective-timeout
         memory = max(need_bytes(s, rank) for rank in {0, N - 1})   # what the run's preflight asks for
-        rows_out.append((name, memory, step_cost(plan_run(s), machine)))
+        page_cache = None if available is None else max(0, available - memory) * L
+        rows_out.append((name, memory, step_cost(plan_run(s), machine, page_cache)))
         if not math.isfinite(rows_out[-1][2].step_s):     # a machine of 1e308 s overheads, say
             parser.error(f"{name}'s predicted step time overflows ({rows_out[-1][2].step_s}): the machine's "
                          f"numbers are not a machine's")
@@ -186,12 +199,12 @@ def predict(args, parser):
     print(f"machine: {args.calibration or 'the cluster numbers given'} | memory per rank: "
           f"{format_bytes(available) if available else 'unknown'}")
     print(f"{'':20} {'needs/rank':>11} {'fits':>4} | {'compute':>8} {'elemwise':>8} {'optim':>8} {'overhead':>8} "
-          f"{'comm':>8} {'hidden':>8} | {'step ms':>8}")
+          f"{'comm':>8} {'hidden':>8} {'offload':>8} | {'step ms':>8}")
     best = None
     for name, memory, cost in rows_out:
         fits = available is None or memory <= available
         ms = [1e3 * t for t in (cost.compute_s, cost.elementwise_s, cost.optimizer_s, cost.overhead_s,
-                                cost.comm_s, cost.hidden_s, cost.step_s)]
+                                cost.comm_s, cost.hidden_s, cost.offload_s, cost.step_s)]
         print(f"{name:20} {format_bytes(memory):>11} {'yes' if fits else 'no':>4} | "
               + " ".join(f"{t:8.1f}" for t in ms[:-1]) + f" | {ms[-1]:8.1f}")
         if fits and (best is None or cost.step_s < best[1].step_s):
@@ -214,12 +227,21 @@ def calibrate_main(argv):
         if launcher_rank(os.environ) == 0:
             print(f"zerompi: error: {printable(str(e))}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    error = check_writable(args.out, "the calibration") if MPI.COMM_WORLD.Get_rank() == 0 else None
+    error = None
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        error = check_writable(args.out, "the calibration")
+        if error is None and args.offload_dir is not None and not os.path.isdir(args.offload_dir):
+            error = f"--offload-dir {args.offload_dir} is not a folder"
     if MPI.COMM_WORLD.bcast(error):               # before a minute of measuring: the output must be a file
         if error:
             print(f"zerompi: error: {printable(error)}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    result = calibrate()
+    try:
+        result = calibrate(args.offload_dir)
+    except CalibrationError as e:                 # every rank raises it: rank 0 says it
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(f"zerompi: error: {printable(str(e))}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     error = None
     if MPI.COMM_WORLD.Get_rank() == 0:
         try:
