@@ -201,8 +201,7 @@ def measure_files(mpi, folder):
             os.fsync(fd)
 
     def read(cached):
-        if not cached:
-            os.fsync(fd)
+        if not cached:                                 # the pages are clean (written synced): dropped,
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)    # the next reads come from the disk
         for offset in offsets:
             os.preadv(fd, [buf], offset)
