@@ -102,8 +102,7 @@ def test_offloaded_parameters_save_the_same_weights(tiers_, dtype, micro_batches
     shard, first_layer = engine.layout.shard_numel * itemsize, engine.layout.layers[0].padded // N(engine) * itemsize
     assert moved.file_read == applied * formula.file_read + skipped * (2 * micro_batches * shard + first_layer)
     assert moved.file_written == applied * formula.file_written
-    stage.adam.close()
-    stage.param_shard.close()
+    stage.adam.close()                                    # and its parameter shard
 
 
 def N(engine):
@@ -173,8 +172,7 @@ def test_gpu_offloaded_parameters_are_copied_device_ward_for_each_gather(param_t
     piece = engine.stage.adam.m.size * np.dtype(engine.stage.precision.storage).itemsize
     assert moved.to_host == len(results) * piece and moved.to_device == len(results) * 2 * piece
     assert engine.memory.bytes_by_kind["params"] == 0
-    engine.stage.adam.close()
-    engine.stage.param_shard.close()
+    engine.stage.adam.close()                             # and its parameter shard
 
 
 class OnDevice:
