@@ -39,7 +39,7 @@ from zerompi.plan.preflight import need_of                           # noqa: E40
 from zerompi.util.inputs import available_bytes                      # noqa: E402
 from zerompi.plan import RunShape, plan_run                           # noqa: E402
 from zerompi.train.commands.calibrate import calibrate, machine_from            # noqa: E402
-from zerompi.train.commands.cost import step_cost                               # noqa: E402
+from zerompi.train.commands.cost import page_cache_left, step_cost                               # noqa: E402
 from zerompi.precision import precision_for                           # noqa: E402
 from zerompi.cpu import blas_threads                          # noqa: E402
 
@@ -90,8 +90,7 @@ def rounds_of(sizes, args):
     plans = {name: plan_run(RunShape(tuple(sizes), stage, PRECISION, args.batch_per_rank, N, **tiers))
              for name, stage, tiers in rows}
     available = available_bytes(N)
-    page_cache = {name: None if available is None else max(0, available - need_of(plan)) * N
-                  for name, plan in plans.items()}
+    page_cache = {name: page_cache_left(available, need_of(plan), N) for name, plan in plans.items()}
     rounds, calibrating = {name: [] for name in steps}, 0.0
     for _ in range(args.repeats):
         calibration = calibrate(args.offload_dir)

@@ -9,7 +9,8 @@ about 3 minutes on one GPU; tests/repository/test_gpu_check.py runs it, and skip
        float32 (with gradient accumulation too), fp16 and bf16 runs must track the CPU's
        weights; --overlap (collectives from the communication thread) and --comm nccl on one
        rank (NCCL wants a GPU per rank) must match in float64, and so must the optimizer state offloaded
-       to pinned host memory and to a file (zerompi/offload/: AdamW on the CPU); zerompi/devices/gemm.py's cuBLAS GemmEx
+       to pinned host memory and to a file (zerompi/offload/: AdamW on the CPU), with stage 3's
+       parameter shard there too; zerompi/devices/gemm.py's cuBLAS GemmEx
        must equal cupy.matmul (float64, every transpose, with and without adding into c) and
        16-bit products must equal float32 products of the same 16-bit values; the GPU device's
        operations (zerompi/devices/gpu.py) must equal the CPU device's on small-integer inputs
@@ -112,14 +113,15 @@ def correctness(cuda_aware, folder, report):
                f"worst tensor mean {worst_mean:.1e}  {'ok' if passed else f'FAILED ({limits})'}")
     scratch = os.path.join(folder, "offload")           # zerompi/offload/: the CPU's AdamW beside the GPU's
     os.makedirs(scratch, exist_ok=True)
-    for tier, extra in (("host", ()), ("file", ("--offload-dir", scratch))):
-        cpu, _ = train(2, "cpu", "float64", 3, folder)
+    cpu, _ = train(2, "cpu", "float64", 3, folder)
+    for optimizer, params in (("host", "none"), ("file", "none"), ("host", "host"), ("file", "file")):
         gpu, _ = train(2, "gpu", "float64", 3, folder, {"ZEROMPI_CUDA_AWARE": "0"},
-                       ("--offload-optimizer", tier, *extra))
+                       ("--offload-optimizer", optimizer, "--offload-params", params,
+                        *(("--offload-dir", scratch) if "file" in (optimizer, params) else ())))
         diff = relative_difference(gpu, cpu)
         ok &= diff <= 1e-10
-        report(f"  stage 3  N=2  staged  float64 --offload-optimizer {tier}  max rel diff {diff:.1e}  "
-               f"{'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
+        report(f"  stage 3  N=2  staged  float64 --offload-optimizer {optimizer} --offload-params {params}  "
+               f"max rel diff {diff:.1e}  {'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
     if nccl_available():
         cpu, _ = train(1, "cpu", "float64", 3, folder)
         gpu, _ = train(1, "gpu", "float64", 3, folder, extra=("--comm", "nccl"))

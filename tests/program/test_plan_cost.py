@@ -1,5 +1,6 @@
 """The cost model (zerompi/train/commands/cost.py) against hand-computed cases, its calibration file, and
 `python -m zerompi.plan` end to end. No timing is asserted: the numbers are arithmetic."""
+import errno
 import json
 import os
 import subprocess
@@ -392,3 +393,21 @@ def test_a_calibration_whose_numbers_overflow_the_step_time_is_one_line(tmp_path
     result = plan_cli("--calibration", path, "--hidden", "8,8", "--ranks", 2, *ROWS)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert "predicted step time overflows" in result.stderr, result.stderr
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_write_failing_on_one_rank_ends_the_file_calibration_on_every_rank(tmp_path_factory, monkeypatch):
+    """A disk error on one rank mid-measurement (its writes fail): every rank raises the one line, none
+    waits at a barrier for it, and the scratch files are gone."""
+    from mpi4py import MPI
+    from zerompi.train.commands.calibrate import measure_files
+    world = MPI.COMM_WORLD
+    folder = world.bcast(str(tmp_path_factory.mktemp("offload")) if world.rank == 0 else None)
+    if world.rank == 1:
+        def full(fd, data, offset):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(CalibrationError, match=f"^cannot measure the offload folder {folder}: No space left"):
+        measure_files(world, folder)
+    world.Barrier()
+    assert os.listdir(folder) == []

@@ -178,28 +178,39 @@ def measure_collectives(comm, mpi):
 
 def measure_files(mpi, folder):
     """FILE_RATES -> bytes/s per rank of a scratch file in `folder` (CalibrationError, one line on
-    every rank, if any rank cannot make its file)."""
+    every rank, if any rank cannot make its file or move its bytes)."""
     tile = 3 * TILE * 4                              # master, m, v of one float32 tile
     buf = np.ones(tile, np.uint8)
-    error = None
+    failed = []                                      # this rank's first error (its I/O stops there)
     try:
         fd, _ = FileTier(folder, mpi.Get_rank()).create(FILE_BYTES, ".calibration")
     except OffloadError as e:
-        error = str(e)
-    errors = [e for e in mpi.allgather(error) if e]
-    if errors:
-        if error is None:
+        failed.append(str(e))
+    error = first_error(mpi, failed)
+    if error:
+        if not failed:
             os.close(fd)
-        raise CalibrationError(errors[0])
+        raise CalibrationError(error)
     offsets = range(0, FILE_BYTES - tile + 1, tile)
     moved = len(offsets) * tile
 
+    def kept(move):                                  # an I/O error is kept, not raised: every rank
+        def call(*args):                             # stays in the timing's collectives to the end
+            if not failed:
+                try:
+                    move(*args)
+                except OSError as e:
+                    failed.append(f"cannot measure the offload folder {folder}: {e.strerror}")
+        return call
+
+    @kept
     def write(sync):
         for offset in offsets:
             os.pwrite(fd, buf, offset)
         if sync:
             os.fsync(fd)
 
+    @kept
     def read(cached):
         if not cached:                                 # the pages are clean (written synced): dropped,
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)    # the next reads come from the disk
@@ -213,7 +224,15 @@ def measure_files(mpi, folder):
                    "cached_read": best_seconds(mpi, lambda: read(True), samples=3)}
     finally:
         os.close(fd)
+    error = first_error(mpi, failed)
+    if error:
+        raise CalibrationError(error)
     return {name: moved / seconds[name] for name in FILE_RATES}
+
+
+def first_error(mpi, failed):
+    """A collective: the lowest failing rank's line (None if no rank failed)."""
+    return next((e for e in mpi.allgather(failed[0] if failed else None) if e), None)
 
 
 def calibrate(offload_dir=None):

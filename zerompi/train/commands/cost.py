@@ -188,10 +188,16 @@ def owned_elements(plan):
     return optimizer // int(plan.shape.precision.bytes_per_param().optimizer)
 
 
+def page_cache_left(available, need, ranks_on_node):
+    """The node's memory a run leaves to the page cache: what each rank may use (None: unknown) less
+    what it needs, over the node's ranks."""
+    return None if available is None else max(0, available - need) * ranks_on_node
+
+
 def step_cost(plan, machine, page_cache_bytes=None):
     """The StepCost of one training step of `plan` (plan_run's, with its calls) on `machine`.
-    page_cache_bytes: the node's memory the run leaves free for the page cache (None: unknown,
-    the offload files are priced at the disk's rates)."""
+    page_cache_bytes: the node's memory the run leaves free for the page cache (page_cache_left;
+    None: unknown, the offload files are priced at the disk's rates)."""
     shape = plan.shape
     sizes, rows, micro = shape.sizes, shape.rows, shape.micro_batches
     layers = len(sizes) - 1

@@ -34,7 +34,7 @@ from ...precision import DTYPE_NAMES, precision_for
 from ...util.words import counted
 from ...plan import RunShape, plan_run
 from .calibrate import CalibrationError, read_calibration
-from .cost import CostError, cluster_machine, step_cost
+from .cost import CostError, cluster_machine, page_cache_left, step_cost
 from ...plan.preflight import need_bytes
 
 DIGITS_FEATURES, DIGITS_CLASSES = 64, 10           # the default data set's (--data digits)
@@ -187,7 +187,7 @@ def predict(args, parser):
         s = RunShape(sizes, stage, precision, micro, N, accum, grouping, shape.overlap, node_of_rank,
                      watchdog=True, **tiers)           # watchdog: zerompi.train's default --collective-timeout
         memory = max(need_bytes(s, rank) for rank in {0, N - 1})   # what the run's preflight asks for
-        page_cache = None if available is None else max(0, available - memory) * L
+        page_cache = page_cache_left(available, memory, L)
         rows_out.append((name, memory, step_cost(plan_run(s), machine, page_cache)))
         if not math.isfinite(rows_out[-1][2].step_s):     # a machine of 1e308 s overheads, say
             parser.error(f"{name}'s predicted step time overflows ({rows_out[-1][2].step_s}): the machine's "
