@@ -38,7 +38,8 @@ BUILDS_ON = {
     "observe": (),
     "offload": (),
     "overlap": ("observe",),          # the call sites --check-collectives names
-    "plan": ("hierarchy", "offload", "overlap"),  # the run's engine, on buffers that take no memory
+    "plan": ("hierarchy", "offload", "overlap", "quantize"),  # the run's engine, on buffers that take no memory
+    "quantize": (),
 }
 LAYERS = tuple(BUILDS_ON)
 

@@ -4,7 +4,8 @@ Two parts, as `ls zerompi/` shows them:
 
     the reference   the core: the modules in this folder, stages/ and memory/ (the ZeRO mainline,
                     README's reading order); the layers a first reading can skip, one folder
-                    each: overlap/, hierarchy/, devices/, checkpoint/, observe/, plan/
+                    each: overlap/, hierarchy/, devices/, checkpoint/, observe/, plan/,
+                    offload/, quantize/
     the program     train/: `python -m zerompi.train` and the commands beside it; the other
                     packages' __main__.py are doors into it
     util/           helpers with no ZeRO in them, for both

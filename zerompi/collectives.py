@@ -72,10 +72,11 @@ class Collectives:
     def close(self):
         """Nothing runs in the background here (zerompi/overlap/'s thread stops)."""
 
-    def layer_gather(self, buffers, shard_of):
+    def layer_gather(self, buffers, shard_of, memory):
         """Stage 3's gather of a layer's parameters into one of `buffers` (1 + prefetch one-layer
-        buffers); shard_of(layer) is this rank's shard of the layer's parameters.
-        (zerompi/overlap/ returns one that prefetches.)"""
+        buffers); shard_of(layer) is this rank's shard of the layer's parameters; memory: where a
+        gather with buffers of its own allocates them. (zerompi/overlap/ returns one that
+        prefetches, zerompi/quantize/ one that gathers int8 blocks.)"""
         return LayerGather(self, buffers, shard_of)
 
     def _start(self, call, *args):

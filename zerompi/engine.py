@@ -79,6 +79,7 @@ def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=N
     else:                                           # zerompi/hierarchy/
         for sub in hierarchy.communicators:
             sub.reserve_host_staging(memory, largest * precision.compute.itemsize)
-        stage = hierarchy.build_stage(stage_number, layout, memory, precision, adam_config, **options)
+        stage = hierarchy.build_stage(stage_number, layout, memory, precision, adam_config, start_collectives,
+                                      **options)
     mlp = MLP(layout, batch_rows, precision, memory, micro_batches)
     return Engine(layout, comm, memory, stage, mlp, step_sums)

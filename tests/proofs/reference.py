@@ -88,11 +88,13 @@ def global_norm(grads):
 
 
 def adamw_train(layers, batches, lr, weight_decay, beta1=0.9, beta2=0.999, eps=1e-8, storage=None,
-                clip_norm=0.0):
+                clip_norm=0.0, seen=None):
     """Run AdamW over [(x, labels), ...] global batches, in float64. storage: None for full
     precision, or a 16-bit dtype for mixed precision (parameters and the whole batch's gradient
-    rounded to it). Returns (layers in the storage dtype, or the given layers' dtype when storage is
-    None; losses; gradient norms before clipping)."""
+    rounded to it). seen: None, or what forward and backward see of the parameters, a function of
+    them ([weight 0, bias 0, weight 1, ...] -> the same; qwZ's gathered values). Returns (layers in
+    the storage dtype, or the given layers' dtype when storage is None; losses; gradient norms
+    before clipping)."""
     out_dtype = layers[0][0].dtype if storage is None else np.dtype(storage)
     master = [np.array(p, np.float64) for layer in layers for p in layer]
     m = [np.zeros_like(p) for p in master]
@@ -101,6 +103,8 @@ def adamw_train(layers, batches, lr, weight_decay, beta1=0.9, beta2=0.999, eps=1
     losses, norms = [], []
     for t, (x, labels) in enumerate(batches, start=1):
         params = [stored(p) for p in master]                        # what forward sees
+        if seen is not None:
+            params = [stored(p) for p in seen(params)]
         loss, grads = loss_and_grads([(params[2 * i], params[2 * i + 1]) for i in range(len(layers))],
                                      x, labels)
         flat_grads = [stored(g) for layer in grads for g in layer]
@@ -118,3 +122,35 @@ def adamw_train(layers, batches, lr, weight_decay, beta1=0.9, beta2=0.999, eps=1
             p -= lr * m_hat / (np.sqrt(v_hat) + eps)
     final = [p.astype(out_dtype) for p in master]
     return [(final[2 * i], final[2 * i + 1]) for i in range(len(layers))], losses, norms
+
+
+def block_round_trip(x, bits, block):
+    """ZeRO++'s quantize-then-dequantize of x (n,), as docs/quantization.md writes it, a block at a
+    time in float32: s = max(max|x| / Q, 2^-126), q = clip(rint(x / s), -Q, Q), x^ = q s, Q = 2^(bits-1) - 1.
+    Returns (x^ (n,) float32, the levels q (n,), the scales (ceil(n / block),))."""
+    levels_each_side = np.float32(2 ** (bits - 1) - 1)
+    x = np.asarray(x).astype(np.float32)
+    out, levels, scales = [], [], []
+    for start in range(0, x.size, block):
+        values = x[start:start + block]
+        scale = max(np.float32(np.max(np.abs(values))) / levels_each_side, np.float32(2.0 ** -126))
+        q = np.clip(np.rint(values / scale), -levels_each_side, levels_each_side)
+        out.append(q * scale)
+        levels.append(q)
+        scales.append(scale)
+    return np.concatenate(out), np.concatenate(levels), np.array(scales, np.float32)
+
+
+def gathered_through_blocks(params, num_ranks, bits, block):
+    """qwZ's all-gather as the reference sees it: each layer's weight and bias, laid end to end,
+    padded with zeros to a multiple of N, cut into N equal shards, and each shard through
+    block_round_trip; [weight 0, bias 0, ...] -> the same, in float64."""
+    seen = []
+    for weight, bias in zip(params[::2], params[1::2]):
+        flat = np.concatenate([weight.ravel(), bias])
+        n = -(-flat.size // num_ranks)                              # the shard
+        flat = np.concatenate([flat, np.zeros(n * num_ranks - flat.size)])
+        flat = np.concatenate([block_round_trip(flat[r * n:(r + 1) * n], bits, block)[0]
+                               for r in range(num_ranks)]).astype(np.float64)
+        seen += [flat[:weight.size].reshape(weight.shape), flat[weight.size:weight.size + bias.size]]
+    return seen

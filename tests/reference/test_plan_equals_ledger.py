@@ -3,7 +3,8 @@ ledgers of a real run of the same configuration on this N, rank by rank.
 
 For every stage, float32 and bf16, one and two micro-batches, overlap off and on, and (where N
 allows) hybrid sharding over every group size dividing N and hpZ over every node size dividing
-N, and with the optimizer state in a file (zerompi/offload/): a real engine trains STEPS steps; its MemoryLedger (every buffer: kind, name, shape, dtype,
+N, with the optimizer state in a file (zerompi/offload/), and with qwZ's quantized gathers
+(zerompi/quantize/): a real engine trains STEPS steps; its MemoryLedger (every buffer: kind, name, shape, dtype,
 bytes) equals the plan's, and its CommLedger (calls, ring bytes and elements, inter-node bytes
 and elements, per operation and purpose) equals STEPS times the plan's one step.
 """
@@ -16,6 +17,7 @@ from zerompi.offload import FileTier, OffloadedAdamConfig
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_run
 from zerompi.precision import precision_for
+from zerompi.quantize import Quantizer
 
 SIZES = [12, 37, 53, 7]   # a layer of 481 elements: a padded shard at every N > 1
 STEPS = 2
@@ -40,17 +42,18 @@ def ledger_rows(ledger, times=1):
             for key, e in ledger.entries.items()}
 
 
-def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_params=None):
+def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_params=None, quantizer=None):
     comm = Communicator()
     adam = OffloadedAdamConfig(tier=offload, param_tier=offload_params) if offload else None
     batches = make_batches(SIZES, STEPS, rows=24 * micro_batches)
     config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
     engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
-                                 overlap=config, grouping=grouping, adam=adam)
+                                 overlap=config, grouping=grouping, adam=adam, quantizer=quantizer)
     assert all(r.applied for r in results)
     engine.stage.finish_communication()          # --overlap: the last step's all-gathers recorded
     shape = RunShape(tuple(SIZES), stage, precision_for(dtype), 24 // comm.size, comm.size, micro_batches,
-                     grouping, config, comm.node_of_rank, offload=offload, offload_params=offload_params)
+                     grouping, config, comm.node_of_rank, offload=offload, offload_params=offload_params,
+                     weights_quantizer=quantizer)
     plan = plan_run(shape, comm.rank)
     assert plan.buffers == engine.memory.buffers
     assert plan.bytes_by_kind == engine.memory.bytes_by_kind
@@ -91,3 +94,15 @@ def test_plan_equals_the_ledgers_of_a_run_with_offloaded_parameters(dtype, micro
     file tier, and its gathers read nothing."""
     tier = FileTier(str(tmp_path), WORLD.rank)
     check(3, dtype, micro_batches, False, FLAT, tier, tier)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_plan_equals_the_ledgers_of_a_run_with_quantized_weights(dtype, tmp_path):
+    """qwZ flat, with hpZ at every node size, and with the parameter shard in a file: its work
+    buffers and its levels' and scales' gathers planned as the run makes them."""
+    quantizer = Quantizer(8, 16)
+    for grouping in [FLAT] + [g for g in groupings(WORLD.size) if g.hpz_node_size]:
+        check(3, dtype, 2, False, grouping, quantizer=quantizer)
+    tier = FileTier(str(tmp_path), WORLD.rank)
+    check(3, dtype, 1, False, FLAT, tier, tier, quantizer)

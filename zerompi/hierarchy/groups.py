@@ -62,7 +62,8 @@ class HybridSharding:
     def stage_class(stage_number):
         return HYBRID_STAGES[stage_number]
 
-    def build_stage(self, stage_number, layout, memory, precision, adam_config, **options):
+    def build_stage(self, stage_number, layout, memory, precision, adam_config, start_collectives, **options):
+        """start_collectives is not used: the groups' collectives are HybridCollectives."""
         if precision.mixed:               # 16-bit all-reduces across replicas are summed in float32
             self.replica_comm.reserve_staging(memory, layout.max_layer_padded // layout.num_ranks,
                                               precision.compute)
@@ -83,6 +84,8 @@ class Hpz:
     def stage_class(stage_number):
         return HpzStage3
 
-    def build_stage(self, stage_number, layout, memory, precision, adam_config, **options):
-        return HpzStage3(layout, Collectives(self.shard_comm), memory, precision, adam_config,
+    def build_stage(self, stage_number, layout, memory, precision, adam_config, start_collectives, **options):
+        """start_collectives: the world's (zerompi/quantize/'s with --quantize-weights); the node's
+        gathers are exact."""
+        return HpzStage3(layout, start_collectives(self.shard_comm), memory, precision, adam_config,
                          Collectives(self.node_comm))

@@ -29,6 +29,7 @@ from ..hierarchy import FLAT, hierarchy_for
 from ..ledger import METRICS
 from ..offload import FileTier, OffloadedAdamConfig, OffloadedStage3
 from ..overlap import OverlapConfig
+from ..quantize import quantized_weights
 from .virtual import PlannedCommunicator, VirtualDevice
 
 
@@ -49,6 +50,12 @@ class RunShape:
     offload: object = None           # where the optimizer state lives (zerompi/offload/: HostTier,
                                      # FileTier); None: the device's memory
     offload_params: object = None    # where stage 3's parameter shard lives (the same tiers)
+    weights_quantizer: object = None  # qwZ's Quantizer (zerompi/quantize/); None: exact all-gathers
+
+    @property
+    def start_collectives(self):
+        """build_engine's: the overlap's (zerompi/overlap/), or qwZ's."""
+        return self.overlap.start if self.weights_quantizer is None else quantized_weights(self.weights_quantizer)
 
     @property
     def num_params(self):
@@ -82,7 +89,7 @@ def build_planned_engine(shape, rank=0, device=None):
     adam = (OffloadedAdamConfig(tier=shape.offload.planned(), param_tier=params and params.planned())
             if shape.offload else AdamConfig())
     return build_engine(list(shape.sizes), shape.stage, shape.precision, adam, shape.rows, comm,
-                        shape.micro_batches, shape.overlap.bucket_mb, shape.overlap.start,
+                        shape.micro_batches, shape.overlap.bucket_mb, shape.start_collectives,
                         hierarchy_for(comm, shape.grouping), OffloadedStage3 if params else None)
 
 

@@ -31,6 +31,7 @@ from ...cpu import CPU
 from ...util.exit_codes import ExitCode
 from ...util.inputs import printable
 from ...ledger import ALLGATHER, ALLREDUCE, FILE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
+from ...quantize import SCALES
 from ...memory import MOST_RANKS, model_size_error, ring_traffic
 from ...mpi import first_number, launcher_rank
 from ...util.pipes import until_reader_leaves
@@ -135,10 +136,12 @@ def format_plans(chosen, plans, edge_plans, per_node):
     lines += ["", row("rank 0, per step", names)]
     for op in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER):
         lines.append(row(f"  {OP_NAMES[op]}s", [sum(c.op == op for c in p.calls) for p in plans]))
-    for purpose in (GRADS, PARAMS, METRICS):
+    scales = (SCALES,) if any(SCALES in p.ledger.purposes() for p in plans) else ()    # --quantize-weights
+    for purpose in (GRADS, PARAMS, *scales, METRICS):
         lines.append(row(f"  ring {purpose}", [format_bytes(p.ledger.totals({purpose})[1]) for p in plans]))
     edge = edge_plans[0].rank
-    lines.append(row(f"  inter-node, rank {edge}", [format_bytes(p.ledger.inter_node({GRADS, PARAMS, METRICS})[0])
+    lines.append(row(f"  inter-node, rank {edge}", [format_bytes(p.ledger.inter_node({GRADS, PARAMS, METRICS,
+                                                                                     *scales})[0])
                                                    for p in edge_plans]))
     lines.append(row("  ring elements", [_count(p.ledger.totals({GRADS, PARAMS})[2]) for p in plans]))
     lines.append(row("    formula at Psi", [_count(_comm_formula(p.shape)) for p in plans]))

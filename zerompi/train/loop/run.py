@@ -41,6 +41,7 @@ from ...devices.nccl import NcclCommunicator
 from ...engine import build_engine
 from ...hierarchy import hierarchy_for
 from ...ledger import GRADS, METRICS, PARAMS
+from ...quantize import SCALES
 from ...memory import model_size_error
 from ...mpi import MpiUnavailable, launcher_rank
 from ...observe import guards_for
@@ -129,7 +130,7 @@ def setup(cfg, comm, out):
     comm.check_all(preflight_error(shape, comm.rank, comm.device, ranks_on_node))
     precision, rows = shape.precision, shape.rows            # rows: this rank's rows of one micro-batch
     engine = build_engine(sizes, shape.stage, precision, adam_config, rows, comm, shape.micro_batches, shape.overlap.bucket_mb,
-                          shape.overlap.start, hierarchy_for(comm, grouping), shape.offload_params and OffloadedStage3)
+                          shape.start_collectives, hierarchy_for(comm, grouping), shape.offload_params and OffloadedStage3)
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
     comm.check_all(tensorboard_missing() if cfg.tensorboard and comm.rank == 0 else None)
@@ -272,7 +273,7 @@ def finish(state, train_seconds):
         state.status.close()
     if state.tracer is not None:
         state.tracer.detach(engine)                          # the spans of the training steps only
-    train_comm = {p: comm.ledger.totals({p}) + comm.ledger.inter_node({p}) for p in (GRADS, PARAMS)}
+    train_comm = {p: comm.ledger.totals({p}) + comm.ledger.inter_node({p}) for p in (GRADS, PARAMS, SCALES)}
     train_moved = engine.stage.adam.moved() if isinstance(engine.stage.adam, OffloadedAdamW) else None
 
     if data.x_test is not None:

@@ -124,6 +124,10 @@ class TrainConfig:
     offload_params: str = option("none", "stage 3: where each rank's parameter shard lives: none, host or file "
                                  "(read a layer ahead of its all-gathers; needs --offload-optimizer host or "
                                  "file, where the update runs)", ZERO, choices=OFFLOAD_CHOICES)
+    quantize_weights: str = option("none", "stage 3: all-gather the parameters as int8 blocks, a float32 scale "
+                                   "each (ZeRO++'s qwZ; the shards, the master and Adam stay exact; "
+                                   "docs/quantization.md)", ZERO, choices=("none", "int8"))
+    quant_block: int = option(2048, "elements per scale of --quantize-weights", ZERO, metavar="ELEMENTS")
     offload_dir: str = option("", "the folder of the file tier's scratch files (one or two per rank, removed "
                               "however the run ends); may be node-local", ZERO, metavar="DIR")
     check_collectives: bool = option(False, "before each collective, check that every rank calls the same "

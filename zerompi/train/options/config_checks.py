@@ -34,6 +34,10 @@ def check_config(cfg, num_ranks):
                                          or cfg.hpz or cfg.shard_group != "world"):
         return ("--offload-params is stage 3's, with --offload-optimizer host or file (the update runs on the CPU, "
                 "where the parameters are), without --overlap, --hpz or --shard-group")
+    if cfg.quantize_weights != "none" and (cfg.stage != 3 or cfg.overlap or cfg.shard_group != "world"):
+        return ("--quantize-weights is stage 3's (its parameter all-gathers), without --overlap or --shard-group")
+    if cfg.quant_block < 1:
+        return f"--quant-block must be >= 1, got {cfg.quant_block}"
     if cfg.prefetch < 0:
         return f"--prefetch must be >= 0, got {cfg.prefetch}"
     for name in ("steps", "loss_scale_window"):

@@ -6,6 +6,7 @@ nothing sees a flag or a dtype's name.
 from ...offload import FileTier, HostTier
 from ...overlap import OverlapConfig
 from ...plan import RunShape
+from ...quantize import Quantizer
 
 
 def overlap_config(cfg):
@@ -27,4 +28,5 @@ def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None, on_gpu=False, 
     return RunShape(tuple(sizes), cfg.stage, cfg.precision, cfg.micro_batch_size, num_ranks,
                     cfg.grad_accum, grouping, overlap_config(cfg), node_of_rank, bool(cfg.init_weights or cfg.resume),
                     cfg.collective_timeout > 0, offload_tier(cfg, on_gpu, rank),
-                    offload_tier(cfg, on_gpu, rank, cfg.offload_params))
+                    offload_tier(cfg, on_gpu, rank, cfg.offload_params),
+                    Quantizer(8, cfg.quant_block) if cfg.quantize_weights == "int8" else None)

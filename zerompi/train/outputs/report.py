@@ -24,6 +24,11 @@ formula above, flat ZeRO:
 Hybrid sharding and hpZ (zerompi/hierarchy/): the same rule over each of their rings (the shard
 groups, the replica groups, the nodes), and the memory formula of the variant (zerompi.memory).
 
+qwZ (--quantize-weights, zerompi/quantize/): the parameter gathers send int8 levels, one byte per
+element (the elements and their formula unchanged), and float32 scales under their own purpose:
+4 (N-1) ceil(n_u / B) bytes per quantized gather of layer u (n_u its shard), 2 M gathers per step
+(M with hpZ: backward gathers the node's exact copy).
+
 Rank 0 gathers every rank's numbers with one buffer Gather and prints a table or JSON.
 """
 import json
@@ -33,13 +38,14 @@ import numpy as np
 from ...ledger import MEMORY_KINDS
 from ...memory import passes_over_params, ring_traffic
 from ...offload import OffloadedAdamW
+from ...quantize import SCALES, WeightQuantizingCollectives, scales_ring_bytes
 from ...util.words import counted, format_bytes
 
 OFFLOADED = {"optimizer": "optimizer state", "params": "parameters"}    # what the report calls each kind
 MOVES = ("to_host", "to_device", "file_read", "file_written")    # zerompi/offload/'s TierTraffic, per step
 COLUMNS = MEMORY_KINDS + ("peak_rss", "grads_elements", "params_elements", "comm_bytes", "calls", "comm_seconds",
                           "grads_intra_node_bytes", "grads_inter_node_bytes", "params_intra_node_bytes",
-                          "params_inter_node_bytes", "intra_node_elements", "inter_node_elements",
+                          "params_inter_node_bytes", "intra_node_elements", "inter_node_elements", "scales_bytes",
                           "host_bytes", "file_bytes", *(f"{kind}{side}" for side in ("", "_formula") for kind in MOVES))
 
 
@@ -68,6 +74,7 @@ def rank_numbers(engine, train_comm, steps, moved=None, micro_batches=1):
                      (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps,
                      (grads[1] - grads[4]) / steps, grads[4] / steps, (params[1] - params[4]) / steps,
                      params[4] / steps, (grads[2] + params[2] - inter_elements) / steps, inter_elements / steps,
+                     train_comm[SCALES][1] / steps,
                      *tier_numbers(engine, steps, moved, micro_batches)], dtype=np.float64)
 
 
@@ -100,7 +107,18 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping, move
         "comm_formula_padded_node_elements_per_step": split[1],
         "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
         "offloaded": offloaded_kinds(everyone),
+        **quantized_weights(engine.stage.collectives, layout, micro_batches, grouping),
     }
+
+
+def quantized_weights(collectives, layout, micro_batches, grouping):
+    """qwZ's block, and its scales' formula bytes per step (2 M quantized gathers of every layer; M
+    with hpZ); {} without --quantize-weights."""
+    if not isinstance(collectives, WeightQuantizingCollectives):
+        return {}
+    gathers = micro_batches * (1 if grouping.hpz_node_size else 2)
+    return {"quantize_block": collectives.quantizer.block,
+            "scales_formula_bytes_per_step": gathers * scales_ring_bytes(layout, collectives.quantizer)}
 
 
 def offloaded_kinds(everyone):
@@ -165,6 +183,11 @@ def format_table(report):
     if b["param"] == 2:
         lines.append("     bytes: 16-bit gradients are summed in float32 (4 bytes per element), parameters "
                      "gathered as 16-bit words (2)")
+    if "quantize_block" in r:
+        scales = {format_bytes(row["scales_bytes"]) for row in r["per_rank"]}
+        lines.append(f"     qwZ: parameters gathered as int8 (1 byte per element) and float32 scales, one per block "
+                     f"of {r['quantize_block']}: {' / '.join(sorted(scales))} of scales per rank (formula "
+                     f"{format_bytes(r['scales_formula_bytes_per_step'])}, 4 (N-1) ceil(n_u / B) per gather of layer u)")
     lines += ["", *format_node_split(r)]
     if offloaded:
         lines += ["", *format_tiers(r)]

@@ -5,7 +5,7 @@ Every step, at the step number and the record's wall-clock time:
 
     train/loss  train/accuracy  train/lr  train/grad_norm  train/loss_scale
     time/step_seconds  time/samples_per_second
-    comm/<purpose>_bytes  comm/<purpose>_seconds       rank 0's, per purpose (grads, params, metrics)
+    comm/<purpose>_bytes  comm/<purpose>_seconds       rank 0's, per purpose (grads, params, metrics; scales with --quantize-weights)
     offload/<move>_bytes                               --offload-optimizer: rank 0's bytes between tiers
 
 At the steps that gather every rank's numbers (step 1, every --log-every steps, the last step),

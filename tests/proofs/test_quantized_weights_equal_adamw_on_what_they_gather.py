@@ -1,0 +1,104 @@
+"""qwZ (--quantize-weights int8, zerompi/quantize/gather.py) computes what single-process AdamW
+computes when its forward and backward see the weights as qwZ gathers them: each layer's shards
+through the block quantizer (tests/proofs/reference.py's gathered_through_blocks, written from the
+formula), while AdamW updates the exact weights. Run under mpirun with N = 1, 2, 3, 4, 8: flat
+stage 3 and hpZ at every node size, uneven shards and short last blocks, gradient accumulation and
+clipping. float64 within 1e-12 (the summation-order difference of
+test_zero_equals_single_process_adamw.py: the quantizer rounds each value to float32 first, so an
+ulp of float64 does not move a level); float32 within 2e-6 but where an ulp of float32 moved a
+level by one step (a weight's gradient changes, and Adam's update is at most lr in size: never
+more than 2 lr a step, on at most 1% of the elements); bf16 and fp16 within the mixed tolerance. The ledger counts the levels and the scales exactly."""
+from functools import partial
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from helpers import (LR, STEPS, assert_within_mixed_tolerance, consolidated, make_batches, micro_batches_for,
+                     reference, train_zero)
+from reference import gathered_through_blocks
+from test_zero_equals_single_process_adamw import BF16, SIZES, assert_close_f64, size_id
+from zerompi.hierarchy import FLAT, Grouping
+from zerompi.ledger import ALLGATHER, PARAMS
+from zerompi.mpi import init_mpi
+from zerompi.quantize import SCALES, Quantizer
+
+init_mpi()                                  # N is read when the module is collected
+N = MPI.COMM_WORLD.Get_size()
+BLOCK = 16                                  # small: many blocks per shard, and short last ones
+QUANTIZER = Quantizer(8, BLOCK)
+GROUPINGS = [FLAT] + [Grouping(hpz_node_size=g) for g in range(1, N + 1) if N % g == 0]
+grouping_id = lambda g: f"hpz-L{g.hpz_node_size}" if g.hpz_node_size else "flat"    # noqa: E731
+
+
+def quantized_reference(sizes, dtype, batches, **kwargs):
+    return reference(sizes, dtype, batches, seen=partial(gathered_through_blocks, num_ranks=N, bits=8, block=BLOCK),
+                     **kwargs)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sizes", SIZES, ids=size_id)
+@pytest.mark.parametrize("grouping", GROUPINGS, ids=grouping_id)
+def test_float64_equals_adamw_on_the_gathered_weights(grouping, sizes):
+    batches = make_batches(sizes, STEPS)
+    engine, results = train_zero(3, sizes, np.float64, batches, grouping=grouping, quantizer=QUANTIZER)
+    want, norms = quantized_reference(sizes, np.float64, batches)
+    assert_close_f64(consolidated(engine), want)
+    exact, _ = reference(sizes, np.float64, batches)
+    assert max(np.max(np.abs(w - e)) for layer, exact_layer in zip(want, exact)
+               for w, e in zip(layer, exact_layer)) > 1e-6          # the quantization did change the training
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("grouping", GROUPINGS[:2], ids=grouping_id)
+def test_accumulation_and_clipping_see_the_same_gathered_weights(grouping):
+    sizes, m = SIZES[0], micro_batches_for(N)
+    batches = make_batches(sizes, STEPS)
+    engine, results = train_zero(3, sizes, np.float64, batches, micro_batches=m, max_grad_norm=0.5,
+                                 grouping=grouping, quantizer=QUANTIZER)
+    want, norms = quantized_reference(sizes, np.float64, batches, clip_norm=0.5)
+    assert_close_f64(consolidated(engine), want)
+    assert np.allclose([r.grad_norm for r in results], norms, rtol=1e-12)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16], ids=["float32", "bf16", "fp16"])
+def test_each_dtype_quantizes_its_own_values(dtype):
+    sizes = SIZES[0]
+    batches = make_batches(sizes, STEPS)
+    engine, results = train_zero(3, sizes, dtype, batches, quantizer=QUANTIZER,
+                                 loss_scale=1024.0 if dtype == np.float16 else 1.0)
+    assert all(r.applied for r in results)
+    want, _ = quantized_reference(sizes, dtype, batches)
+    got = consolidated(engine)
+    if dtype == np.float32:          # float32's ulps may move a level the float64 reference did not:
+        diffs = np.concatenate([np.abs(g - w).ravel() for layer, want_layer in zip(got, want)
+                                for g, w in zip(layer, want_layer)])
+        assert np.mean(diffs > 2e-6) <= 0.01          # that weight's updates, never more than 2 lr a step
+        assert diffs.max() <= 2 * LR * STEPS
+    else:
+        assert_within_mixed_tolerance(got, want)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("grouping", GROUPINGS[:2], ids=grouping_id)
+def test_the_ledger_counts_one_byte_per_level_and_four_per_scale(grouping):
+    """Per step of M micro-batches, ring volume: levels (N-1) n_u bytes and scales 4 (N-1) k_u per
+    quantized gather of layer u; 2 M of them flat, M with hpZ (backward gathers the node's copy)."""
+    sizes, m = SIZES[0], micro_batches_for(N)
+    batches = make_batches(sizes, 1)
+    engine, _ = train_zero(3, sizes, np.float64, batches, micro_batches=m, grouping=grouping, quantizer=QUANTIZER)
+    entries = engine.comm.ledger.entries
+    quantized = m * (1 if grouping.hpz_node_size else 2)
+    layers = engine.layout.layers
+    levels = quantized * sum((N - 1) * u.shard_size for u in layers)
+    scales = quantized * sum(4 * (N - 1) * QUANTIZER.blocks(u.shard_size) for u in layers)
+    calls, ring_bytes, ring_elements = entries[(ALLGATHER, SCALES)][:3]
+    assert (calls, ring_bytes, ring_elements) == (quantized * len(layers), scales, scales / 4)
+    params = entries[(ALLGATHER, PARAMS)]
+    if not grouping.hpz_node_size:
+        assert params[:3] == [quantized * len(layers), levels, levels]     # int8: one byte per element
+    else:                                                   # plus the node's exact float64 gathers
+        L = grouping.hpz_node_size
+        exact = m * sum(8 * (L - 1) * u.padded // L for u in layers)
+        assert params[1] == pytest.approx(levels + exact)

@@ -1,0 +1,32 @@
+"""ZeRO++'s quantized communication (arXiv 2306.10209): fewer bytes on the wire, the same shards.
+
+Stage 3 moves 3 Psi (N-1)/N per rank per step: two parameter all-gathers (forward, backward) and
+one gradient reduce-scatter. ZeRO++ cuts what crosses the nodes with three ideas; hpZ (a second,
+node-local copy of the parameters for backward) is zerompi/hierarchy/hpz.py, the other two
+quantize what is sent:
+
+    qwZ   the parameter all-gather sends int8 blocks and their float32 scales; each receiver
+          dequantizes them into the layer it computes with. The parameter shards, the fp32
+          master and Adam stay exact: only the wire is quantized.   ~ Psi (1 + 4/B) bytes
+    qgZ   the gradient reduce-scatter becomes an all-to-all of int4 (or int8) blocks, each
+          owner summing the dequantized contributions in float32: each contribution is
+          quantized once, never a partial sum (a ring re-quantizing its partial sums at
+          every hop accumulates the error; tools/quantization_error.py measures both)
+
+    blocks.py   the quantizer: the formula, and the block layout inside each rank's shard
+    gather.py   qwZ: WeightQuantizingCollectives, whose stage-3 layer gather sends int8 blocks
+
+`quantized_weights(quantizer)` is what zerompi/engine.py's build_engine takes as its
+`start_collectives`; the stage files do not change.
+"""
+from functools import partial
+
+from .blocks import FLT_MIN, Quantizer
+from .gather import SCALES, WeightQuantizingCollectives, scales_ring_bytes
+
+__all__ = ["Quantizer", "FLT_MIN", "SCALES", "WeightQuantizingCollectives", "quantized_weights", "scales_ring_bytes"]
+
+
+def quantized_weights(quantizer):
+    """start_collectives for build_engine: comm -> Collectives whose parameter gathers are qwZ's."""
+    return partial(WeightQuantizingCollectives, quantizer=quantizer)
