@@ -395,6 +395,23 @@ def test_a_calibration_whose_numbers_overflow_the_step_time_is_one_line(tmp_path
     assert "predicted step time overflows" in result.stderr, result.stderr
 
 
+def test_quantized_gathers_cost_their_int8_bytes_and_the_quantizers_passes():
+    """qwZ at N = 4: each of the 2 x 3 gathers sends a layer's padded elements as int8 (a quarter of
+    float32's) plus 4 bytes per block, and quantizes the shard (48 bytes per element) and
+    dequantizes the layer (24), over memory bandwidth."""
+    from zerompi.quantize import Quantizer
+    sizes, quantizer = (64, 600, 600, 10), Quantizer(8, 128)
+    exact = plan_run(RunShape(sizes, 3, FP32, 16, 4))
+    plan = plan_run(RunShape(sizes, 3, FP32, 16, 4, weights_quantizer=quantizer))
+    machine = cluster_machine(1.0, 1e-9, intra=(1e-9, 0.0))           # 1 byte per second, memory and link
+    padded = [exact_call.nbytes // 4 for exact_call in exact.calls if exact_call.purpose == PARAMS]
+    by_hand = sum(p / 4 * 48 + p * 24 for p in padded)
+    assert step_cost(plan, machine).elementwise_s == pytest.approx(step_cost(exact, machine).elementwise_s + by_hand)
+    scales = sum(4 * quantizer.blocks(p // 4) * 4 for p in padded)      # 4 ranks' blocks, 4 bytes each
+    assert step_cost(exact, machine).comm_s - step_cost(plan, machine).comm_s == pytest.approx(
+        0.75 * (sum(padded) * 4 - sum(padded) - scales))                # (N-1)/N of the bytes saved
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_write_failing_on_one_rank_ends_the_file_calibration_on_every_rank(tmp_path_factory, monkeypatch):
     """A disk error on one rank mid-measurement (its writes fail): every rank raises the one line, none

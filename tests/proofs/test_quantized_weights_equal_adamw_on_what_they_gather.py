@@ -102,3 +102,25 @@ def test_the_ledger_counts_one_byte_per_level_and_four_per_scale(grouping):
         L = grouping.hpz_node_size
         exact = m * sum(8 * (L - 1) * u.padded // L for u in layers)
         assert params[1] == pytest.approx(levels + exact)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("cuda_aware", [False, True], ids=["staged", "cuda-aware"])
+def test_the_gpu_stand_in_gathers_the_same_blocks_as_the_cpu(cuda_aware):
+    """The levels and scales travel through the device transport (zerompi/devices/staging.py):
+    staged through pinned host memory, or handed to MPI after a synchronize; bitwise the CPU's."""
+    from device_stand_in import StandInGPU
+    from zerompi.devices import communicator_on
+    sizes, batches = SIZES[0], make_batches(SIZES[0], 2)
+    cpu, _ = train_zero(3, sizes, np.float32, batches, quantizer=QUANTIZER)
+    device = StandInGPU()
+    comm = communicator_on(device, mpi_reads_device_memory=cuda_aware)
+    gpu, _ = train_zero(3, sizes, np.float32, batches, comm=comm, quantizer=QUANTIZER)
+    for (w, b), (w_cpu, b_cpu) in zip(consolidated(gpu), consolidated(cpu)):
+        assert np.array_equal(w, w_cpu) and np.array_equal(b, b_cpu)
+    scales = gpu.comm.ledger.entries[(ALLGATHER, SCALES)][0]
+    assert scales == 2 * 2 * len(gpu.layout.layers)                   # 2 steps, forward and backward
+    if cuda_aware:
+        assert device.synchronized > scales
+    else:
+        assert device.to_host > scales and device.from_host > scales  # through the host

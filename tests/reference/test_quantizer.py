@@ -38,7 +38,8 @@ def values(n, dtype, seed=0):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("n, block", [(1000, 64), (1000, 1000), (1000, 4096), (130, 7), (7, 7), (1, 2048)])
+@pytest.mark.parametrize("n, block", [(1000, 64), (1000, 1000), (1000, 4096), (130, 7), (7, 7), (1, 2048),
+                                      (1000, 10 ** 12)])
 def test_the_quantizer_is_its_formula_bit_for_bit(dtype, bits, n, block):
     x = values(n, DTYPES[dtype])
     levels, scales, out = quantized(Quantizer(bits, block), x)
@@ -82,3 +83,14 @@ def test_quantizing_each_contribution_once_does_not_grow_with_n_where_a_requanti
     ring, once = ([errors[n][i] for n in (8, 32, 64)] for i in (0, 1))
     assert ring[0] < ring[1] < ring[2]
     assert once[2] <= once[1] <= once[0] and all(o < r for o, r in zip(once, ring))
+
+
+def test_a_block_larger_than_the_shard_needs_a_scratch_of_the_shard_only():
+    assert Quantizer(8, 10 ** 12).scratch_numel(1000) == 1001
+    assert Quantizer(8, 64).scratch_numel(1000) == 16 * 65
+    quantizer, small = Quantizer(8, 64), values(100, np.float32)       # a smaller layer's shard in the same scratch
+    levels, scales = np.empty(100, np.int8), np.empty(2, np.float32)
+    scratch, out = np.full(quantizer.scratch_numel(1000), np.nan, np.float32), np.empty(100, np.float32)
+    quantizer.quantize(small, levels, scales, scratch)
+    quantizer.dequantize(levels, scales, out, scratch)
+    assert np.array_equal(out, block_round_trip(small, 8, 64)[0])

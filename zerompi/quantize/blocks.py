@@ -23,8 +23,9 @@ a shard or a layer:
                                                            ^ a shard's last block is shorter
                                                              (n - (k-1) B elements, k = ceil(n / B))
 
-`quantize` and `dequantize` work through a float32 scratch of whole blocks (`scratch_numel`)
-that the caller allocates once: nothing is allocated per call.
+`quantize` and `dequantize` work through a float32 scratch of k rows of min(B, n) (`scratch_numel`:
+the short last block padded with zeros) that the caller allocates once: nothing is allocated per
+call.
 """
 from dataclasses import dataclass
 
@@ -48,13 +49,14 @@ class Quantizer:
         return -(-n // self.block)
 
     def scratch_numel(self, n):
-        """The float32 scratch quantize and dequantize need for n elements: k whole blocks, plus k."""
-        return self.blocks(n) * (self.block + 1)
+        """The float32 scratch quantize and dequantize need for n elements (or fewer): k rows of
+        min(B, n), plus k."""
+        return self.blocks(n) * (min(self.block, n) + 1)
 
     def quantize(self, x, levels, scales, scratch):
         """x (n,) -> levels (n,) (an int8 array: q_i) and scales (k,) float32 (s of each block)."""
-        n, k, q = x.size, self.blocks(x.size), self.levels
-        tiles, low = self._tiles(scratch, k)         # (k, B) and (k,)
+        n, q = x.size, self.levels
+        tiles, low = self._tiles(scratch, n)         # (k, min(B, n)) and (k,)
         flat = tiles.reshape(-1)
         flat[n:] = 0                                 # the short last block's rest: 0 changes no max
         flat[:n] = x                                 # rounded to float32
@@ -70,12 +72,13 @@ class Quantizer:
 
     def dequantize(self, levels, scales, out, scratch):
         """levels (n,), scales (k,) -> out (n,) = q_i * s of its block, rounded to out's dtype."""
-        n, k = levels.size, scales.size
-        tiles, _ = self._tiles(scratch, k)
+        n = levels.size
+        tiles, _ = self._tiles(scratch, n)
         flat = tiles.reshape(-1)
         flat[:n] = levels
         np.multiply(tiles, scales[:, None], out=tiles)
         out[...] = flat[:n]
 
-    def _tiles(self, scratch, k):
-        return scratch[:k * self.block].reshape(k, self.block), scratch[k * self.block:k * (self.block + 1)]
+    def _tiles(self, scratch, n):
+        k, width = self.blocks(n), min(self.block, n)
+        return scratch[:k * width].reshape(k, width), scratch[k * width:k * (width + 1)]

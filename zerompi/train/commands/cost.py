@@ -16,7 +16,9 @@ as MPI gets it) and a Machine (measured by zerompi/train/commands/calibrate.py, 
                  micro-batch, the calibrated seconds (or ELEMENTWISE_BYTES / bandwidth); in
                  mixed precision on a CPU also the weight widened twice and the weight gradient
                  rounded (18 bytes per weight element), and every widened reduction (12 bytes
-                 per float32 element reduced: widen, round back), over memory bandwidth
+                 per float32 element reduced: widen, round back), over memory bandwidth; with
+                 qwZ each quantized gather's quantize (48 bytes per element of the rank's shard)
+                 and dequantize (24 per element of the layer), over memory bandwidth
     optimizer    AdamW over the elements this rank owns (all in stage 0, 1/N in stages 1-3):
                  calibrated seconds per element of zerompi.adam itself for the dtype, or the
                  bytes AdamW must move per element (ADAM_BYTES) / memory bandwidth
@@ -61,11 +63,15 @@ from dataclasses import dataclass, field
 
 from ...ledger import ALLGATHER, ALLREDUCE, FILE, GRADS, PARAMS, REDUCE_SCATTER
 from ...offload import TILE
+from ...quantize import SCALES
 
 OPS = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER)
 ELEMENTWISE_BYTES = 8 * 24    # ~24 passes (bias, GELU forward 9, backward 12, bias sum), read + write float32
 WIDEN_WEIGHT_BYTES = 18       # mixed precision, CPU: widen W forward (2 + 4) and backward (2 + 4), round dW (4 + 2)
 WIDEN_REDUCE_BYTES = 12       # per float32 element of a widened reduction: widen (2 + 4), round back (4 + 2)
+QUANTIZE_BYTES = 48           # qwZ, per element of a rank's shard: to float32 (8 + 4), max and min (8), divide,
+#                               rint, clip (24), to int8 (4 + 1), rounded up
+DEQUANTIZE_BYTES = 24         # per element of the gathered layer: int8 to float32 (1 + 4), multiply (8), out (4 + 8)
 
 
 def adam_bytes(precision):
@@ -188,6 +194,14 @@ def owned_elements(plan):
     return optimizer // int(plan.shape.precision.bytes_per_param().optimizer)
 
 
+def quantizer_passes(calls):
+    """qwZ's bytes of memory traffic (zerompi/quantize/): each quantized gather (its levels' call, one
+    byte per element of the layer, is the one before its scales') quantizes this rank's shard and
+    dequantizes the whole layer."""
+    layers = [levels for levels, scales in zip(calls, calls[1:]) if scales.purpose == SCALES]
+    return sum(c.nbytes / c.ranks * QUANTIZE_BYTES + c.nbytes * DEQUANTIZE_BYTES for c in layers)
+
+
 def page_cache_left(available, need, ranks_on_node):
     """The node's memory a run leaves to the page cache: what each rank may use (None: unknown) less
     what it needs, over the node's ranks."""
@@ -209,6 +223,7 @@ def step_cost(plan, machine, page_cache_bytes=None):
         weights = sum(n_in * n_out for n_in, n_out in zip(sizes, sizes[1:]))
         reduced = sum(c.nbytes // 4 for c in plan.calls if c.op != ALLGATHER)
         elementwise += (micro * weights * WIDEN_WEIGHT_BYTES + reduced * WIDEN_REDUCE_BYTES) / machine.bandwidth
+    elementwise += quantizer_passes(plan.calls) / machine.bandwidth
     owned = owned_elements(plan)
     per_element = machine.adam_s.get(shape.precision.name)
     optimizer = owned * (per_element if per_element is not None
