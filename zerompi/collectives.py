@@ -66,17 +66,20 @@ class Collectives:
     def allgather_in_place(self, full, purpose):
         return self._start(self.comm.allgather_in_place, full, purpose)
 
+    def reserve(self, memory, layout, precision):
+        """Work buffers of the collectives' own, for this layout (none here; zerompi/quantize/'s
+        quantized blocks need some). The stage calls it first."""
+
     def wait_all(self):
         """Every collective started so far has finished (here: always)."""
 
     def close(self):
         """Nothing runs in the background here (zerompi/overlap/'s thread stops)."""
 
-    def layer_gather(self, buffers, shard_of, memory):
+    def layer_gather(self, buffers, shard_of):
         """Stage 3's gather of a layer's parameters into one of `buffers` (1 + prefetch one-layer
-        buffers); shard_of(layer) is this rank's shard of the layer's parameters; memory: where a
-        gather with buffers of its own allocates them. (zerompi/overlap/ returns one that
-        prefetches, zerompi/quantize/ one that gathers int8 blocks.)"""
+        buffers); shard_of(layer) is this rank's shard of the layer's parameters.
+        (zerompi/overlap/ returns one that prefetches, zerompi/quantize/ one that gathers int8 blocks.)"""
         return LayerGather(self, buffers, shard_of)
 
     def _start(self, call, *args):

@@ -8,6 +8,8 @@ never the pickling lowercase ones. Each call is timed and recorded in the CommLe
     reduce_scatter_sum_in_place(full) -> full[:n/N] holds that sum; the rest is undefined (stage 1)
     allgather(shard, full)           full (n,) <- concatenation of every rank's shard (stage 3)
     allgather_in_place(full)         full[r-th block] is rank r's contribution        (stages 1-2)
+    alltoall(send, recv)             recv[r-th block] <- rank r's send[this rank's block]
+                                     (zerompi/quantize/'s qgZ; no stage calls it)
 
 reduce-scatter, pictured for N = 3 ranks and a buffer of 3 blocks (a, b, c are blocks):
 
@@ -52,9 +54,9 @@ import numpy as np
 
 from .control import ControlMessages
 from .cpu import CPU
-from .ledger import ALLGATHER, ALLREDUCE, CONTROL, REDUCE_SCATTER, CommLedger
+from .ledger import ALLGATHER, ALLREDUCE, ALLTOALL, CONTROL, REDUCE_SCATTER, CommLedger
 from .mpi import MPI, init_mpi
-from .nodes import node_of_rank, sends_across_nodes
+from .nodes import node_of_rank, sends_across_nodes, share_to_other_nodes
 from .precision import is_16bit
 
 
@@ -81,6 +83,10 @@ class MpiTransport:
         """full (n,) <- every rank's block of n/N elements, in rank order; this rank's block comes
         from shard (n/N,), or is already in place in full when shard is None."""
         self.mpi.Allgather(MPI.IN_PLACE if shard is None else shard, full)
+
+    def exchange(self, send, recv):
+        """recv (n,) <- block r: rank r's block (n/N) for this rank of its send (n,)."""
+        self.mpi.Alltoall(send, recv)
 
     def reserve_host_staging(self, memory, max_bytes):
         """Host memory needs no staging."""
@@ -191,15 +197,23 @@ class Communicator(ControlMessages):
         self.transport.gather_all(_words(full), None)
         self._end(ALLGATHER, purpose, full, start)
 
+    def alltoall(self, send, recv, purpose):
+        """recv (n,) <- block r of it: rank r's block of send (n,) for this rank, in rank order."""
+        start = self._begin(ALLTOALL, purpose, recv)
+        self.transport.exchange(_words(send), _words(recv))
+        self._end(ALLTOALL, purpose, recv, start, share_to_other_nodes(self.node_of_rank, self.rank))
+
     def _begin(self, op, purpose, buffer):
         """Before a collective: the guards (off by default); returns the start time."""
         self.guards.begin(op, purpose, buffer)
         return time.perf_counter()
 
-    def _end(self, op, purpose, buffer, start):
-        """After a collective: the guards, then the ledger records it (buffer: what MPI was handed)."""
+    def _end(self, op, purpose, buffer, start, across_nodes=None):
+        """After a collective: the guards, then the ledger records it (buffer: what MPI was handed;
+        across_nodes: an all-to-all's share, or None: the ring's)."""
         self.guards.end()
-        self.ledger.record(op, purpose, buffer, self.size, start, time.perf_counter(), self.across_nodes)
+        self.ledger.record(op, purpose, buffer, self.size, start, time.perf_counter(),
+                           self.across_nodes if across_nodes is None else across_nodes)
 
     # ---- set-up: staging buffers, guards, the communication thread's twin
     def reserve_staging(self, memory, max_elements, reduce_dtype):

@@ -29,6 +29,8 @@ its `listeners` (--trace draws each collective as a span from them, zerompi/obse
 Ring volume per rank for a buffer of n elements over N ranks (the standard ring algorithms):
     reduce-scatter  n (N-1)/N        all-gather  n (N-1)/N        all-reduce  2 n (N-1)/N
 It counts what the ring algorithm moves for these calls; MPI may pick another algorithm on the wire.
+An all-to-all (zerompi/quantize/'s qgZ) is not a ring: each rank sends a block of n/N to each other
+rank, n (N-1)/N, the blocks to ranks on other nodes inter-node (a share of it, not all or nothing).
 
 Intra-node and inter-node bytes, by the same model: the ring runs over the calling communicator's
 ranks in rank order, and each rank sends its whole ring volume for the call to its successor,
@@ -60,9 +62,10 @@ IO = "io"                        # stage 3 gathering parameters outside the step
 CONTROL = "control"              # errors and verdicts every rank must agree on
 BOOKKEEPING = "bookkeeping"      # the end-of-run report, checkpoint manifests
 
-# the ledgered operations, and how many times the ring moves the buffer for each
-ALLREDUCE, REDUCE_SCATTER, ALLGATHER = "allreduce", "reduce_scatter", "allgather"
-RING_FACTOR = {REDUCE_SCATTER: 1, ALLGATHER: 1, ALLREDUCE: 2}
+# the ledgered operations, and how many times the ring moves the buffer for each (an all-to-all is
+# not a ring: each rank sends one block of its buffer to each other rank, (N-1)/N of it too)
+ALLREDUCE, REDUCE_SCATTER, ALLGATHER, ALLTOALL = "allreduce", "reduce_scatter", "allgather", "alltoall"
+RING_FACTOR = {REDUCE_SCATTER: 1, ALLGATHER: 1, ALLREDUCE: 2, ALLTOALL: 1}
 
 
 class MemoryLedger:
@@ -112,7 +115,8 @@ class CommLedger:
     def record(self, op, purpose, buffer, num_ranks, start, end, across_nodes):
         """Record one collective on `buffer` (the full-size side: n elements for all ranks) that
         ran from start to end (time.perf_counter() seconds); across_nodes: whether this rank's
-        ring successor in the calling communicator is on another node."""
+        ring successor in the calling communicator is on another node (for an all-to-all, the
+        share of its blocks that go to another node, zerompi/nodes.py)."""
         ring = RING_FACTOR[op] * (num_ranks - 1) / num_ranks
         with self.lock:
             entry = self.entries[(op, purpose)]
@@ -121,8 +125,8 @@ class CommLedger:
             entry[2] += ring * buffer.size
             entry[3] += end - start
             if across_nodes:
-                entry[4] += ring * buffer.nbytes
-                entry[5] += ring * buffer.size
+                entry[4] += ring * buffer.nbytes * across_nodes
+                entry[5] += ring * buffer.size * across_nodes
         for listener in self.listeners:
             listener(op, purpose, buffer.nbytes, start, end)
 

@@ -46,3 +46,9 @@ def number_nodes(lowest_of_rank):
 def sends_across_nodes(node_of_rank, rank):
     """Whether `rank`'s successor in the flat ring (rank+1 mod N) is on another node."""
     return node_of_rank[rank] != node_of_rank[(rank + 1) % len(node_of_rank)]
+
+
+def share_to_other_nodes(node_of_rank, rank):
+    """The share of `rank`'s all-to-all blocks (one to each other rank) that go to another node."""
+    others = len(node_of_rank) - 1
+    return sum(node != node_of_rank[rank] for node in node_of_rank) / others if others else 0.0

@@ -88,11 +88,13 @@ def global_norm(grads):
 
 
 def adamw_train(layers, batches, lr, weight_decay, beta1=0.9, beta2=0.999, eps=1e-8, storage=None,
-                clip_norm=0.0, seen=None):
+                clip_norm=0.0, seen=None, reduced=None):
     """Run AdamW over [(x, labels), ...] global batches, in float64. storage: None for full
     precision, or a 16-bit dtype for mixed precision (parameters and the whole batch's gradient
     rounded to it). seen: None, or what forward and backward see of the parameters, a function of
-    them ([weight 0, bias 0, weight 1, ...] -> the same; qwZ's gathered values). Returns (layers in
+    them ([weight 0, bias 0, weight 1, ...] -> the same; qwZ's gathered values). reduced: None, or
+    the gradient as a function (layers, x, labels, stored) -> [dweight 0, dbias 0, ...] (qgZ's
+    reduction: reduced_through_blocks). Returns (layers in
     the storage dtype, or the given layers' dtype when storage is None; losses; gradient norms
     before clipping)."""
     out_dtype = layers[0][0].dtype if storage is None else np.dtype(storage)
@@ -105,9 +107,11 @@ def adamw_train(layers, batches, lr, weight_decay, beta1=0.9, beta2=0.999, eps=1
         params = [stored(p) for p in master]                        # what forward sees
         if seen is not None:
             params = [stored(p) for p in seen(params)]
-        loss, grads = loss_and_grads([(params[2 * i], params[2 * i + 1]) for i in range(len(layers))],
-                                     x, labels)
+        seen_layers = [(params[2 * i], params[2 * i + 1]) for i in range(len(layers))]
+        loss, grads = loss_and_grads(seen_layers, x, labels)
         flat_grads = [stored(g) for layer in grads for g in layer]
+        if reduced is not None:
+            flat_grads = reduced(seen_layers, x, labels, stored)
         losses.append(loss)
         norm = global_norm([flat_grads])
         norms.append(norm)
@@ -141,10 +145,11 @@ def block_round_trip(x, bits, block):
     return np.concatenate(out), np.concatenate(levels), np.array(scales, np.float32)
 
 
-def gathered_through_blocks(params, num_ranks, bits, block):
-    """qwZ's all-gather as the reference sees it: each layer's weight and bias, laid end to end,
-    padded with zeros to a multiple of N, cut into N equal shards, and each shard through
-    block_round_trip; [weight 0, bias 0, ...] -> the same, in float64."""
+def through_blocks(params, num_ranks, bits, block):
+    """What ZeRO++ sends of a model's tensors, as the reference sees it: each layer's weight and bias
+    (or their gradients), laid end to end, padded with zeros to a multiple of N, cut into N equal
+    shards, and each shard through block_round_trip; [weight 0, bias 0, ...] -> the same, in float64.
+    qwZ's all-gather of the parameters; each rank's contribution to qgZ's reduction."""
     seen = []
     for weight, bias in zip(params[::2], params[1::2]):
         flat = np.concatenate([weight.ravel(), bias])
@@ -154,3 +159,24 @@ def gathered_through_blocks(params, num_ranks, bits, block):
                                for r in range(num_ranks)]).astype(np.float64)
         seen += [flat[:weight.size].reshape(weight.shape), flat[weight.size:weight.size + bias.size]]
     return seen
+
+
+def reduced_through_blocks(layers, x, labels, stored, num_ranks, micro_batches, bits, block):
+    """qgZ's reduced gradient, as the reference sees it: the rows of the batch cut as zerompi cuts
+    them (M micro-batches of N ranks' rows); each (micro-batch, rank)'s gradient, normalized by the
+    whole batch (so that they sum to the batch's gradient) and rounded to the storage dtype, goes
+    through_blocks once; the owner sums a micro-batch's N contributions (rounded to the storage dtype
+    as the shard keeps them) and the micro-batches add up."""
+    rows = x.shape[0] // (micro_batches * num_ranks)
+    xs = x.reshape(micro_batches, num_ranks, rows, -1)
+    ys = labels.reshape(micro_batches, num_ranks, rows)
+    total = None
+    for m in range(micro_batches):
+        summed = 0
+        for r in range(num_ranks):
+            _, grads = loss_and_grads(layers, xs[m, r], ys[m, r])
+            contribution = [stored(g * (rows / x.shape[0])) for layer in grads for g in layer]
+            summed = [s + q for s, q in zip(summed or [0] * len(contribution),
+                                            through_blocks(contribution, num_ranks, bits, block))]
+        total = [stored(s) for s in summed] if total is None else [stored(t + s) for t, s in zip(total, summed)]
+    return total

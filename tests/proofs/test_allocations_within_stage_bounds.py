@@ -56,7 +56,7 @@ def numpy_bytes():
     return sum(trace.size for trace in snapshot.traces)
 
 
-def measure(stage, device, dtype, micro_batches=1, adam=None):
+def measure(stage, device, dtype, micro_batches=1, adam=None, quantizers=(None, None)):
     """Train WARMUP + MEASURED steps under tracemalloc; returns (engine, peak bytes over the
     measured steps above the baseline, NumPy bytes alive after each measured step, the bytes each
     measured step allocated and freed)."""
@@ -70,7 +70,7 @@ def measure(stage, device, dtype, micro_batches=1, adam=None):
     try:
         baseline = tracemalloc.get_traced_memory()[0]
         engine = make_engine(stage, SIZES, precision.storage, comm, global_batch=rows, micro_batches=micro_batches,
-                             adam=adam)
+                             adam=adam, quantizer=quantizers[0], grads_quantizer=quantizers[1])
         engine.init_params(0)
         run_steps(engine, batches[:WARMUP], micro_batches)
         peak = 0
@@ -124,6 +124,19 @@ def test_accumulating_micro_batches_allocates_nothing_per_step(stage, dtype):
     """With --grad-accum 2 (later micro-batches add their gradients to the first's), a step still
     allocates nothing that stays, and nothing layer-sized in passing."""
     engine, _, alive, transient = measure(stage, "cpu", dtype, micro_batches=2)
+    assert alive == [engine.memory.total_bytes] * MEASURED
+    assert max(transient) <= TRANSIENT, f"steps allocated {transient} B and freed them"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("device, dtype", CASES, ids=[f"{d}-{t}".replace(" ", "-") for d, t in CASES])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_quantized_blocks_allocate_nothing_per_step(device, dtype, micro_batches):
+    """Stage 3 with qwZ and qgZ (zerompi/quantize/): the quantizer works in the work buffers it
+    reserved, so a step still allocates nothing that stays, and nothing layer-sized in passing."""
+    from zerompi.quantize import Quantizer
+    engine, _, alive, transient = measure(3, device, dtype, micro_batches, quantizers=(Quantizer(8, 128),) * 2)
+    assert [name for _, name, *_ in engine.memory.buffers if name.startswith("quantize.")]
     assert alive == [engine.memory.total_bytes] * MEASURED
     assert max(transient) <= TRANSIENT, f"steps allocated {transient} B and freed them"
 

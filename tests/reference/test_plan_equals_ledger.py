@@ -42,18 +42,20 @@ def ledger_rows(ledger, times=1):
             for key, e in ledger.entries.items()}
 
 
-def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_params=None, quantizer=None):
+def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_params=None, quantizer=None,
+          grads_quantizer=None):
     comm = Communicator()
     adam = OffloadedAdamConfig(tier=offload, param_tier=offload_params) if offload else None
     batches = make_batches(SIZES, STEPS, rows=24 * micro_batches)
     config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
     engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
-                                 overlap=config, grouping=grouping, adam=adam, quantizer=quantizer)
+                                 overlap=config, grouping=grouping, adam=adam, quantizer=quantizer,
+                                 grads_quantizer=grads_quantizer)
     assert all(r.applied for r in results)
     engine.stage.finish_communication()          # --overlap: the last step's all-gathers recorded
     shape = RunShape(tuple(SIZES), stage, precision_for(dtype), 24 // comm.size, comm.size, micro_batches,
                      grouping, config, comm.node_of_rank, offload=offload, offload_params=offload_params,
-                     weights_quantizer=quantizer)
+                     weights_quantizer=quantizer, grads_quantizer=grads_quantizer)
     plan = plan_run(shape, comm.rank)
     assert plan.buffers == engine.memory.buffers
     assert plan.bytes_by_kind == engine.memory.bytes_by_kind
@@ -106,3 +108,14 @@ def test_plan_equals_the_ledgers_of_a_run_with_quantized_weights(dtype, tmp_path
         check(3, dtype, 2, False, grouping, quantizer=quantizer)
     tier = FileTier(str(tmp_path), WORLD.rank)
     check(3, dtype, 1, False, FLAT, tier, tier, quantizer)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_plan_equals_the_ledgers_of_a_run_with_quantized_gradients(dtype):
+    """qgZ at stages 2 and 3, and with qwZ flat and with hpZ at every node size (full ZeRO++): its
+    all-to-alls planned as the run makes them."""
+    quantizer = Quantizer(8, 16)
+    check(2, dtype, 2, False, FLAT, grads_quantizer=quantizer)
+    for grouping in [FLAT] + [g for g in groupings(WORLD.size) if g.hpz_node_size]:
+        check(3, dtype, 2, False, grouping, quantizer=quantizer, grads_quantizer=quantizer)

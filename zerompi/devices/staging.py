@@ -110,6 +110,18 @@ class DeviceTransport:
             self._wait_for(full)
             self.mpi_transport.gather_all(full, shard)
 
+    def exchange(self, send, recv):
+        """recv (n,) <- block r: rank r's block of its send (n,) for this rank."""
+        if self._staged(recv):
+            host = self.host_staging[:send.nbytes + recv.nbytes]
+            host_send, host_recv = host[:send.nbytes].view(send.dtype), host[send.nbytes:].view(recv.dtype)
+            self.device.copy_to_host(send, host_send)
+            self.mpi_transport.exchange(host_send, host_recv)
+            self.device.copy_from_host(host_recv, recv)
+        else:
+            self._wait_for(send)
+            self.mpi_transport.exchange(send, recv)
+
     def _staged(self, array):
         """Whether array goes through the host staging: device memory, and an MPI that cannot read it."""
         return self.host_staging is not None and self.device.holds(array)

@@ -33,7 +33,7 @@ class HpzStage3(Stage3):
         self.node_rank, self.node_size = node_collectives.rank, node_collectives.size
         self.param_secondary = memory.alloc("params", "param_secondary", (layout.full_numel // self.node_size,),
                                             precision.storage)
-        self.node_gather = node_collectives.layer_gather(self.param_gather.buffers, self.secondary_of, memory)
+        self.node_gather = node_collectives.layer_gather(self.param_gather.buffers, self.secondary_of)
 
     def secondary_of(self, layer):
         """This rank's slice of the layer in the secondary partition (padded / L,)."""

@@ -58,7 +58,7 @@ class ThreadedCollectives(Collectives):
         self.thread = threading.Thread(target=self._run, name="zerompi-comm", daemon=True)
         self.thread.start()
 
-    def layer_gather(self, buffers, shard_of, memory):
+    def layer_gather(self, buffers, shard_of):
         return PrefetchingGather(self, buffers, shard_of)
 
     def _start(self, call, *args):

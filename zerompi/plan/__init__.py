@@ -29,7 +29,7 @@ from ..hierarchy import FLAT, hierarchy_for
 from ..ledger import METRICS
 from ..offload import FileTier, OffloadedAdamConfig, OffloadedStage3
 from ..overlap import OverlapConfig
-from ..quantize import quantized_weights
+from ..quantize import quantized_collectives
 from .virtual import PlannedCommunicator, VirtualDevice
 
 
@@ -51,11 +51,14 @@ class RunShape:
                                      # FileTier); None: the device's memory
     offload_params: object = None    # where stage 3's parameter shard lives (the same tiers)
     weights_quantizer: object = None  # qwZ's Quantizer (zerompi/quantize/); None: exact all-gathers
+    grads_quantizer: object = None    # qgZ's; None: exact reduce-scatters
 
     @property
     def start_collectives(self):
-        """build_engine's: the overlap's (zerompi/overlap/), or qwZ's."""
-        return self.overlap.start if self.weights_quantizer is None else quantized_weights(self.weights_quantizer)
+        """build_engine's: the overlap's (zerompi/overlap/), or qwZ's and qgZ's (zerompi/quantize/)."""
+        if self.weights_quantizer is None and self.grads_quantizer is None:
+            return self.overlap.start
+        return quantized_collectives(self.weights_quantizer, self.grads_quantizer)
 
     @property
     def num_params(self):

@@ -91,19 +91,22 @@ def need_of(plan):
 
 def describe(shape):
     """'stage 2', 'stage 2 in groups of 4', 'stage 3 with hpZ', 'stage 3 with --offload-optimizer file',
-    'stage 3 +qwZ'."""
+    'stage 3 +qwZ +qgZ'."""
     offload = f" {shape.offload.describe}" if shape.offload else ""
     offload += f" --offload-params {shape.offload_params.name}" if shape.offload_params else ""
     offload += " +qwZ" if shape.weights_quantizer else ""
+    offload += " +qgZ" if shape.grads_quantizer else ""
     if shape.grouping.hybrid(shape.num_ranks):
         return f"stage {shape.stage} in groups of {shape.grouping.shard_group}{offload}"
     return f"stage {shape.stage}{' with hpZ' if shape.grouping.hpz_node_size else ''}{offload}"
 
 
 def flat_at(shape, stage):
-    """The shape at another stage, flat (--offload-params and --quantize-weights only where they exist: stage 3)."""
+    """The shape at another stage, flat (--offload-params and --quantize-weights only where they exist,
+    stage 3; --quantize-grads at stages 2-3)."""
     return replace(shape, stage=stage, grouping=FLAT, offload_params=shape.offload_params if stage == 3 else None,
-                   weights_quantizer=shape.weights_quantizer if stage == 3 else None)
+                   weights_quantizer=shape.weights_quantizer if stage == 3 else None,
+                   grads_quantizer=shape.grads_quantizer if stage >= 2 else None)
 
 
 def variants(shape):

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..comm import Communicator, ReductionStaging, Unguarded
 from ..cpu import CPU
-from ..ledger import ALLGATHER, ALLREDUCE, GRADS, REDUCE_SCATTER, CommLedger
+from ..ledger import ALLGATHER, ALLREDUCE, ALLTOALL, GRADS, REDUCE_SCATTER, CommLedger
 from ..nodes import number_nodes, sends_across_nodes
 
 
@@ -97,6 +97,9 @@ class PlannedTransport:
 
     def gather_all(self, full, shard):
         self._note(ALLGATHER, full)
+
+    def exchange(self, send, recv):
+        self._note(ALLTOALL, recv)
 
     def reserve_host_staging(self, memory, max_bytes):
         """Host memory needs no staging (a plan of a GPU run leaves out its pinned host staging)."""

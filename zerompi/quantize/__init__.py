@@ -13,20 +13,26 @@ quantize what is sent:
           quantized once, never a partial sum (a ring re-quantizing its partial sums at
           every hop accumulates the error; tools/quantization_error.py measures both)
 
-    blocks.py   the quantizer: the formula, and the block layout inside each rank's shard
-    gather.py   qwZ: WeightQuantizingCollectives, whose stage-3 layer gather sends int8 blocks
+    blocks.py       the quantizer: the formula, and the block layout inside each rank's shard
+    gather.py       qwZ: stage 3's layer gather in int8 blocks
+    reduce.py       qgZ: the gradient reduce-scatter as an all-to-all of int8 blocks
+    collectives.py  QuantizedCollectives: the Collectives whose gather and reduce-scatter are those
 
-`quantized_weights(quantizer)` is what zerompi/engine.py's build_engine takes as its
+`quantized_collectives(weights, grads)` is what zerompi/engine.py's build_engine takes as its
 `start_collectives`; the stage files do not change.
 """
 from functools import partial
 
 from .blocks import FLT_MIN, Quantizer
-from .gather import SCALES, WeightQuantizingCollectives, scales_ring_bytes
+from .collectives import QuantizedCollectives
+from .gather import SCALES, scales_ring_bytes
+from .reduce import alltoall_elements
 
-__all__ = ["Quantizer", "FLT_MIN", "SCALES", "WeightQuantizingCollectives", "quantized_weights", "scales_ring_bytes"]
+__all__ = ["Quantizer", "FLT_MIN", "SCALES", "QuantizedCollectives", "quantized_collectives", "scales_ring_bytes",
+           "alltoall_elements"]
 
 
-def quantized_weights(quantizer):
-    """start_collectives for build_engine: comm -> Collectives whose parameter gathers are qwZ's."""
-    return partial(WeightQuantizingCollectives, quantizer=quantizer)
+def quantized_collectives(weights=None, grads=None):
+    """start_collectives for build_engine: comm -> Collectives whose parameter gathers are qwZ's
+    (weights: a Quantizer) and whose gradient reduce-scatters are qgZ's (grads)."""
+    return partial(QuantizedCollectives, weights=weights, grads=grads)

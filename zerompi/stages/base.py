@@ -67,6 +67,7 @@ class ZeroStage:
         self.precision = precision        # storage dtype of params and grads, compute dtype
         self.rank = collectives.rank
         self.first_micro_batch = self.last_micro_batch = True
+        collectives.reserve(memory, layout, precision)     # nothing, but for zerompi/quantize/'s
 
     def start_micro_batch(self, first, last=True):
         """first: the step's first micro-batch overwrites gradients, later ones add to them;

@@ -44,7 +44,7 @@ class Stage3(ZeroStage):
         self.adam = adam_config.optimizer(layout.shard_numel, precision, memory)
         ahead = min(collectives.prefetch, len(layout.layers) - 1)   # 0 without --overlap --prefetch
         self.param_gather = collectives.layer_gather(self.layer_buffers("param_gather", 1 + ahead),
-                                                     self.param_shard_of, memory)
+                                                     self.param_shard_of)
         self.layer_grads = LayerGradBuffers(self.layer_buffers("layer_grad", collectives.buffers_in_flight))
 
     def hold_params(self, memory, numel, dtype):      # the shard (numel,): zerompi/offload/ keeps it elsewhere

@@ -18,7 +18,8 @@ as MPI gets it) and a Machine (measured by zerompi/train/commands/calibrate.py, 
                  rounded (18 bytes per weight element), and every widened reduction (12 bytes
                  per float32 element reduced: widen, round back), over memory bandwidth; with
                  qwZ each quantized gather's quantize (48 bytes per element of the rank's shard)
-                 and dequantize (24 per element of the layer), over memory bandwidth
+                 and dequantize (24 per element of the layer), with qgZ each quantized reduction's
+                 (48 + 24 per element of the layer), over memory bandwidth
     optimizer    AdamW over the elements this rank owns (all in stage 0, 1/N in stages 1-3):
                  calibrated seconds per element of zerompi.adam itself for the dtype, or the
                  bytes AdamW must move per element (ADAM_BYTES) / memory bandwidth
@@ -61,7 +62,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from ...ledger import ALLGATHER, ALLREDUCE, FILE, GRADS, PARAMS, REDUCE_SCATTER
+from ...ledger import ALLGATHER, ALLREDUCE, ALLTOALL, FILE, GRADS, PARAMS, REDUCE_SCATTER
 from ...offload import TILE
 from ...quantize import SCALES
 
@@ -133,10 +134,11 @@ class Machine:
         return r0 + w * (r1 - r0)
 
     def call_seconds(self, call):
-        """One PlannedCall: its measured time at its ranks if calibrated, else alpha-beta."""
+        """One PlannedCall: its measured time at its ranks if calibrated, else alpha-beta. An all-to-all
+        (qgZ's) is priced as the all-gather of its buffer: each sends (N-1)/N of it, in N-1 steps."""
         table = self.collectives.get(call.ranks)
         if table is not None:
-            return interpolate(table[call.op], call.nbytes)
+            return interpolate(table[ALLGATHER if call.op == ALLTOALL else call.op], call.nbytes)
         if call.ranks == 1:
             return 0.0
         link = self.inter if call.nodes > 1 else self.intra
@@ -195,11 +197,13 @@ def owned_elements(plan):
 
 
 def quantizer_passes(calls):
-    """qwZ's bytes of memory traffic (zerompi/quantize/): each quantized gather (its levels' call, one
-    byte per element of the layer, is the one before its scales') quantizes this rank's shard and
-    dequantizes the whole layer."""
+    """qwZ's and qgZ's bytes of memory traffic (zerompi/quantize/), from each quantized call's levels
+    (the call before its scales', one byte per element of the layer): a gather quantizes this
+    rank's shard and dequantizes the whole layer; a reduction quantizes the whole layer and
+    dequantizes (and adds) N contributions to the shard."""
     layers = [levels for levels, scales in zip(calls, calls[1:]) if scales.purpose == SCALES]
-    return sum(c.nbytes / c.ranks * QUANTIZE_BYTES + c.nbytes * DEQUANTIZE_BYTES for c in layers)
+    return sum(c.nbytes * (QUANTIZE_BYTES + DEQUANTIZE_BYTES) if c.op == ALLTOALL
+               else c.nbytes / c.ranks * QUANTIZE_BYTES + c.nbytes * DEQUANTIZE_BYTES for c in layers)
 
 
 def page_cache_left(available, need, ranks_on_node):
@@ -221,7 +225,7 @@ def step_cost(plan, machine, page_cache_bytes=None):
                              else ELEMENTWISE_BYTES / machine.bandwidth)
     if shape.precision.mixed:
         weights = sum(n_in * n_out for n_in, n_out in zip(sizes, sizes[1:]))
-        reduced = sum(c.nbytes // 4 for c in plan.calls if c.op != ALLGATHER)
+        reduced = sum(c.nbytes // 4 for c in plan.calls if c.op in (ALLREDUCE, REDUCE_SCATTER))
         elementwise += (micro * weights * WIDEN_WEIGHT_BYTES + reduced * WIDEN_REDUCE_BYTES) / machine.bandwidth
     elementwise += quantizer_passes(plan.calls) / machine.bandwidth
     owned = owned_elements(plan)

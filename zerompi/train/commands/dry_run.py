@@ -30,7 +30,7 @@ from ..options.launch import LAUNCHER_LOCAL_SIZE_VARIABLES, LAUNCHER_SIZE_VARIAB
 from ...cpu import CPU
 from ...util.exit_codes import ExitCode
 from ...util.inputs import printable
-from ...ledger import ALLGATHER, ALLREDUCE, FILE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
+from ...ledger import ALLGATHER, ALLREDUCE, ALLTOALL, FILE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
 from ...quantize import SCALES
 from ...memory import MOST_RANKS, model_size_error, ring_traffic
 from ...mpi import first_number, launcher_rank
@@ -40,7 +40,7 @@ from ...plan.preflight import describe, flat_at, need_of, preflight_error, runti
 from ...plan.virtual import PlannedCommunicator
 from ...util.words import counted, format_bytes
 
-OP_NAMES = {ALLREDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALLGATHER: "all-gather"}
+OP_NAMES = {ALLREDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALLGATHER: "all-gather", ALLTOALL: "all-to-all"}
 
 
 def answer_dry_run(argv, environ, out=sys.stdout):
@@ -134,7 +134,8 @@ def format_plans(chosen, plans, edge_plans, per_node):
                                                     p.bytes_by_kind["optimizer"]) for p in plans]))
     lines.append(row("    formula at Psi", [format_bytes(f) for f in formulas]))
     lines += ["", row("rank 0, per step", names)]
-    for op in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER):
+    alltoall = (ALLTOALL,) if any(c.op == ALLTOALL for p in plans for c in p.calls) else ()   # --quantize-grads
+    for op in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER, *alltoall):
         lines.append(row(f"  {OP_NAMES[op]}s", [sum(c.op == op for c in p.calls) for p in plans]))
     scales = (SCALES,) if any(SCALES in p.ledger.purposes() for p in plans) else ()    # --quantize-weights
     for purpose in (GRADS, PARAMS, *scales, METRICS):

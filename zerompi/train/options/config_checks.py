@@ -36,6 +36,9 @@ def check_config(cfg, num_ranks):
                 "where the parameters are), without --overlap, --hpz or --shard-group")
     if cfg.quantize_weights != "none" and (cfg.stage != 3 or cfg.overlap or cfg.shard_group != "world"):
         return ("--quantize-weights is stage 3's (its parameter all-gathers), without --overlap or --shard-group")
+    if cfg.quantize_grads != "none" and (cfg.stage < 2 or cfg.overlap or cfg.shard_group != "world"
+                                         or cfg.comm == "nccl"):
+        return "--quantize-grads is stages 2 and 3's (their reduce-scatters), without --overlap, --shard-group or --comm nccl"
     if cfg.quant_block < 1:
         return f"--quant-block must be >= 1, got {cfg.quant_block}"
     if cfg.prefetch < 0:

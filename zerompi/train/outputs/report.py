@@ -24,10 +24,11 @@ formula above, flat ZeRO:
 Hybrid sharding and hpZ (zerompi/hierarchy/): the same rule over each of their rings (the shard
 groups, the replica groups, the nodes), and the memory formula of the variant (zerompi.memory).
 
-qwZ (--quantize-weights, zerompi/quantize/): the parameter gathers send int8 levels, one byte per
-element (the elements and their formula unchanged), and float32 scales under their own purpose:
-4 (N-1) ceil(n_u / B) bytes per quantized gather of layer u (n_u its shard), 2 M gathers per step
-(M with hpZ: backward gathers the node's exact copy).
+qwZ and qgZ (--quantize-weights, --quantize-grads; zerompi/quantize/): the parameter gathers and
+the gradient reductions send int8 levels, one byte per element (the elements and their formula
+unchanged), and float32 scales under their own purpose: 4 (N-1) ceil(n_u / B) bytes per quantized
+call on layer u (n_u its shard), 2 M gathers per step (M with hpZ: backward gathers the node's
+exact copy) and M reductions.
 
 Rank 0 gathers every rank's numbers with one buffer Gather and prints a table or JSON.
 """
@@ -38,7 +39,7 @@ import numpy as np
 from ...ledger import MEMORY_KINDS
 from ...memory import passes_over_params, ring_traffic
 from ...offload import OffloadedAdamW
-from ...quantize import SCALES, WeightQuantizingCollectives, scales_ring_bytes
+from ...quantize import SCALES, QuantizedCollectives, alltoall_elements, scales_ring_bytes
 from ...util.words import counted, format_bytes
 
 OFFLOADED = {"optimizer": "optimizer state", "params": "parameters"}    # what the report calls each kind
@@ -90,7 +91,9 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping, move
     bytes_per_param = engine.stage.precision.bytes_per_param()
     n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
     # [intra-node, inter-node] elements of each rank per step, and their sum (the same on every rank)
-    split = [node_split(grouping.ring_collectives(stage, num, n, micro_batches), comm.node_of_rank)
+    grads_quantized = isinstance(engine.stage.collectives, QuantizedCollectives) and engine.stage.collectives.grads
+    split = [formula_split(grouping.ring_collectives(stage, num, n, micro_batches), comm.node_of_rank,
+                           alltoall_elements(num, micro_batches, comm.node_of_rank) if grads_quantized else None)
              for num in (psi, psi_pad)]
     return {
         "stage": stage, "ranks": n, "steps": steps, "dtype": engine.stage.precision.name,
@@ -107,18 +110,21 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping, move
         "comm_formula_padded_node_elements_per_step": split[1],
         "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
         "offloaded": offloaded_kinds(everyone),
-        **quantized_weights(engine.stage.collectives, layout, micro_batches, grouping),
+        **quantized(engine.stage.collectives, layout, micro_batches, grouping),
     }
 
 
-def quantized_weights(collectives, layout, micro_batches, grouping):
-    """qwZ's block, and its scales' formula bytes per step (2 M quantized gathers of every layer; M
-    with hpZ); {} without --quantize-weights."""
-    if not isinstance(collectives, WeightQuantizingCollectives):
+def quantized(collectives, layout, micro_batches, grouping):
+    """qwZ's and qgZ's block, what they quantize, and the scales' formula bytes per step: 2 M quantized
+    gathers of every layer (M with hpZ) and M quantized reductions; {} without either."""
+    if not isinstance(collectives, QuantizedCollectives):
         return {}
-    gathers = micro_batches * (1 if grouping.hpz_node_size else 2)
-    return {"quantize_block": collectives.quantizer.block,
-            "scales_formula_bytes_per_step": gathers * scales_ring_bytes(layout, collectives.quantizer)}
+    weights, grads = collectives.weights, collectives.grads
+    gathers = micro_batches * (1 if grouping.hpz_node_size else 2) if weights else 0
+    calls = [(gathers, weights), (micro_batches if grads else 0, grads)]
+    return {"quantize_block": (weights or grads).block,
+            "quantized": [f"{name} as int{q.bits}" for name, q in (("parameters", weights), ("gradients", grads)) if q],
+            "scales_formula_bytes_per_step": sum(n * scales_ring_bytes(layout, q) for n, q in calls if n)}
 
 
 def offloaded_kinds(everyone):
@@ -130,6 +136,15 @@ def offloaded_kinds(everyone):
 def node_split(collectives, node_of_rank):
     """[[intra-node, inter-node] elements of each rank per step] in the ring model."""
     return [[sum(t["intra"].values()), sum(t["inter"].values())] for t in ring_traffic(collectives, node_of_rank)]
+
+
+def formula_split(collectives, node_of_rank, alltoall=None):
+    """node_split, with qgZ's all-to-alls (alltoall: zerompi/quantize/'s alltoall_elements) in place
+    of the gradient reductions' rings."""
+    if alltoall is None:
+        return node_split(collectives, node_of_rank)
+    rings = node_split([c for c in collectives if c.purpose != "grads"], node_of_rank)
+    return [[a + b for a, b in zip(ring, pairs)] for ring, pairs in zip(rings, alltoall)]
 
 
 def _passes(stage, per_micro_batch):
@@ -185,9 +200,9 @@ def format_table(report):
                      "gathered as 16-bit words (2)")
     if "quantize_block" in r:
         scales = {format_bytes(row["scales_bytes"]) for row in r["per_rank"]}
-        lines.append(f"     qwZ: parameters gathered as int8 (1 byte per element) and float32 scales, one per block "
-                     f"of {r['quantize_block']}: {' / '.join(sorted(scales))} of scales per rank (formula "
-                     f"{format_bytes(r['scales_formula_bytes_per_step'])}, 4 (N-1) ceil(n_u / B) per gather of layer u)")
+        lines.append(f"     ZeRO++: {' and '.join(r['quantized'])} (a byte per element) with float32 scales, one per "
+                     f"block of {r['quantize_block']}: {' / '.join(sorted(scales))} of scales per rank (formula "
+                     f"{format_bytes(r['scales_formula_bytes_per_step'])}, 4 (N-1) ceil(n_u / B) per call on layer u)")
     lines += ["", *format_node_split(r)]
     if offloaded:
         lines += ["", *format_tiers(r)]

@@ -1,0 +1,120 @@
+"""qgZ (--quantize-grads int8, zerompi/quantize/reduce.py) computes what single-process AdamW computes
+when its gradient is what qgZ reduces: each rank's contribution to each micro-batch through the block
+quantizer once, the owner's float sum (tests/proofs/reference.py's reduced_through_blocks, written
+from the formula). Run under mpirun with N = 1, 2, 3, 4, 8: stages 2 and 3, uneven shards and short
+last blocks, gradient accumulation and clipping, with qwZ and hpZ beside it. Tolerances as
+test_quantized_weights_equal_adamw_on_what_they_gather.py's (whose cases this file reuses). The
+ledger counts the all-to-alls' levels and scales exactly."""
+from functools import partial
+
+import numpy as np
+import pytest
+
+from helpers import STEPS, consolidated, make_batches, micro_batches_for, reference, train_zero
+from reference import reduced_through_blocks, through_blocks
+from test_quantized_weights_equal_adamw_on_what_they_gather import BLOCK, N, QUANTIZER, check_dtype
+from test_zero_equals_single_process_adamw import BF16, SIZES, assert_close_f64, size_id
+from zerompi.hierarchy import FLAT, Grouping
+from zerompi.ledger import ALLTOALL, GRADS
+from zerompi.quantize import SCALES
+
+
+def qgz_reference(sizes, dtype, batches, micro_batches=1, weights=False, **kwargs):
+    reduced = partial(reduced_through_blocks, num_ranks=N, micro_batches=micro_batches, bits=8, block=BLOCK)
+    seen = partial(through_blocks, num_ranks=N, bits=8, block=BLOCK) if weights else None
+    return reference(sizes, dtype, batches, reduced=reduced, seen=seen, **kwargs)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sizes", SIZES, ids=size_id)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_float64_equals_adamw_on_the_reduced_blocks(stage, sizes):
+    batches = make_batches(sizes, STEPS)
+    engine, results = train_zero(stage, sizes, np.float64, batches, grads_quantizer=QUANTIZER)
+    want, norms = qgz_reference(sizes, np.float64, batches)
+    assert_close_f64(consolidated(engine), want)
+    assert np.allclose([r.grad_norm for r in results], norms, rtol=1e-12)
+    exact, _ = reference(sizes, np.float64, batches)
+    assert max(np.max(np.abs(w - e)) for layer, exact_layer in zip(want, exact)
+               for w, e in zip(layer, exact_layer)) > 1e-6          # the quantization did change the training
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage, grouping, weights", [(2, FLAT, False), (3, FLAT, True), (3, Grouping(hpz_node_size=1), True)],
+                         ids=["stage2", "stage3-qwz", "stage3-hpz-qwz"])
+def test_accumulation_clipping_and_full_zeropp_reduce_what_the_reference_reduces(stage, grouping, weights):
+    sizes, m = SIZES[0], micro_batches_for(N)
+    batches = make_batches(sizes, STEPS)
+    engine, results = train_zero(stage, sizes, np.float64, batches, micro_batches=m, max_grad_norm=0.5,
+                                 grouping=grouping, quantizer=QUANTIZER if weights else None,
+                                 grads_quantizer=QUANTIZER)
+    want, norms = qgz_reference(sizes, np.float64, batches, m, weights, clip_norm=0.5)
+    assert_close_f64(consolidated(engine), want)
+    assert np.allclose([r.grad_norm for r in results], norms, rtol=1e-12)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16], ids=["float32", "bf16", "fp16"])
+def test_each_dtype_quantizes_its_own_gradients(dtype):
+    check_dtype(dtype, 2, qgz_reference, grads_quantizer=QUANTIZER)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_ledger_counts_the_all_to_alls_levels_and_scales(stage):
+    """Per step of M micro-batches, per layer u and micro-batch: an all-to-all of the layer's levels,
+    (N-1) n_u bytes and elements (a reduce-scatter's elements), and one of its scales, 4 (N-1) k_u."""
+    sizes, m = SIZES[0], micro_batches_for(N)
+    engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, 1), micro_batches=m,
+                           grads_quantizer=QUANTIZER)
+    entries, layers = engine.comm.ledger.entries, engine.layout.layers
+    levels = m * sum((N - 1) * u.shard_size for u in layers)
+    scales = m * sum(4 * (N - 1) * QUANTIZER.blocks(u.shard_size) for u in layers)
+    assert entries[(ALLTOALL, GRADS)][:3] == [m * len(layers), levels, levels]
+    assert entries[(ALLTOALL, SCALES)][:3] == [m * len(layers), scales, scales / 4]
+    assert not [key for key in entries if key[1] == GRADS and key[0] != ALLTOALL]     # no exact reduction
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("cuda_aware", [False, True], ids=["staged", "cuda-aware"])
+def test_the_gpu_stand_in_reduces_the_same_blocks_as_the_cpu(cuda_aware):
+    """The all-to-alls through the device transport (zerompi/devices/staging.py): staged through
+    pinned host memory (send and receive side by side in it), or handed to MPI after a synchronize;
+    bitwise the CPU's, with qwZ beside them."""
+    from device_stand_in import StandInGPU
+    from zerompi.devices import communicator_on
+    sizes, batches = SIZES[0], make_batches(SIZES[0], 2)
+    cpu, _ = train_zero(3, sizes, np.float32, batches, quantizer=QUANTIZER, grads_quantizer=QUANTIZER)
+    device = StandInGPU()
+    comm = communicator_on(device, mpi_reads_device_memory=cuda_aware)
+    gpu, _ = train_zero(3, sizes, np.float32, batches, comm=comm, quantizer=QUANTIZER, grads_quantizer=QUANTIZER)
+    for (w, b), (w_cpu, b_cpu) in zip(consolidated(gpu), consolidated(cpu)):
+        assert np.array_equal(w, w_cpu) and np.array_equal(b, b_cpu)
+    alltoalls = gpu.comm.ledger.entries[(ALLTOALL, GRADS)][0] + gpu.comm.ledger.entries[(ALLTOALL, SCALES)][0]
+    assert alltoalls == 2 * 2 * len(gpu.layout.layers)                # 2 steps, levels and scales
+    assert (device.synchronized if cuda_aware else min(device.to_host, device.from_host)) > alltoalls
+
+
+@pytest.mark.parametrize("node_of_rank", [(0, 0, 1, 1), (0, 0, 0, 1, 1, 1), (0, 1, 2, 3)])
+def test_the_all_to_alls_inter_node_share_is_the_formulas_on_every_rank(node_of_rank):
+    """A plan on ranks placed on several nodes (no MPI): each rank's all-to-alls send M blocks of
+    Psi_pad / N to each other rank, inter-node to the ranks on other nodes; the ledger splits them
+    so, and so does the report's formula (zerompi/quantize/'s alltoall_elements)."""
+    from zerompi.plan import RunShape, plan_run
+    from zerompi.precision import precision_for
+    from zerompi.quantize import alltoall_elements
+    sizes, n = SIZES[0], len(node_of_rank)
+    for rank in range(n):
+        plan = plan_run(RunShape(tuple(sizes), 2, precision_for("float32"), 4, n, 2, node_of_rank=node_of_rank,
+                                 grads_quantizer=QUANTIZER), rank)
+        psi_pad = sum(u.padded for u in plan_layers(sizes, n))
+        intra, inter = alltoall_elements(psi_pad, 2, list(node_of_rank))[rank]
+        calls, ring_bytes, elements, _ = plan.ledger.totals({GRADS})
+        inter_bytes, inter_elements = plan.ledger.inter_node({GRADS})
+        assert elements == pytest.approx(intra + inter) and inter_elements == pytest.approx(inter)
+        assert inter > 0 and inter_bytes == pytest.approx(inter)            # one byte per element
+
+
+def plan_layers(sizes, n):
+    from zerompi.layout import Layout
+    return Layout(sizes, n).layers
