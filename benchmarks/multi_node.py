@@ -1,17 +1,20 @@
-"""Step time and inter-node bytes of flat ZeRO stage 3, stage 3 with hpZ and hybrid sharding, across nodes.
+"""Step time and inter-node bytes of flat ZeRO stage 3, stage 3 with hpZ, qwZ, qgZ and all three (ZeRO++),
+and hybrid sharding, across nodes.
 
     python tools/emulated_cluster.py --cluster 8 up --nodes 2 --rate 200mbit        (as root)
     python tools/emulated_cluster.py --cluster 8 mpiexec --ppn 2 -- python benchmarks/multi_node.py
     mpiexec -hosts node1,node2 -ppn 8 python benchmarks/multi_node.py --iface ib0   (a real cluster)
         [--sizes 1024,1024,1024,10] [--batch-per-rank 32] [--repeats 5] [--steps 3] [--warmup 1]
-        [--variants flat3,hpz3,hybrid3,hybrid2,hybrid1,flat2,flat1] [--json PATH]
+        [--variants flat3,hpz3,qwz3,qgz3,zeropp3,hybrid3,hybrid2,hybrid1,flat2,flat1] [--json PATH]
 
 Ranks must be placed on the nodes in blocks (mpiexec -ppn L): L ranks on each of k nodes.
 
 Method (every rank with 1 BLAS thread, float32, the same MLP and batch shapes for every variant):
   variants   flat stage s (ZeRO over all N ranks), stage 3 with hpZ (--hpz: a secondary partition
              over the node's L ranks), hybrid sharding stage s (--shard-group node: ZeRO inside
-             each node, the owned shards all-reduced across the k nodes). Each is built once
+             each node, the owned shards all-reduced across the k nodes), stage 3 with qwZ's int8
+             parameter gathers, with qgZ's int8 gradient all-to-alls, and with hpZ, qwZ and qgZ
+             (zerompi/quantize/, blocks of 2048). Each is built once
              (build_engine with its Grouping), init_params(0), random data per rank, `warmup`
              steps. Then `repeats` rounds; in each, every variant in turn: Barrier, `steps`
              train_steps. A round's time is the max over ranks of its mean step time; we print
@@ -21,7 +24,10 @@ Method (every rank with 1 BLAS thread, float32, the same MLP and batch shapes fo
              other nodes in the ring model (zerompi/ledger.py, docs/multi-node.md).
   formula    zerompi.memory's ring collectives of the variant (Grouping.ring_collectives at the
              layout's padded Psi, so that it equals the ledger exactly) through ring_traffic and
-             inter_node_per_node: the same, predicted.
+             inter_node_per_node: the same, predicted. Quantized: the parameters' and gradients'
+             elements at one byte each, qgZ's all-to-alls in place of the gradients' rings (a
+             block of Psi / N to each rank on another node: zerompi.quantize.alltoall_elements),
+             and the scales, 4 bytes per block, crossing as the calls that carry them.
   wire       the bytes that really left each node: the first rank of each node reads its network
              namespace's transmit counter of --iface (/proc/net/dev, which shows the reading
              process's namespace; /sys/class/net shows the namespace that mounted /sys, which on
@@ -51,13 +57,16 @@ from zerompi.comm import Communicator                 # noqa: E402
 from zerompi.engine import build_engine               # noqa: E402
 from zerompi.hierarchy import FLAT, Grouping, hierarchy_for   # noqa: E402
 from zerompi.hierarchy.groups import node_size        # noqa: E402
-from zerompi.memory import inter_node_per_node, ring_traffic, wire_bytes   # noqa: E402
+from zerompi.memory import BytesPerParam, ring_traffic, wire_bytes   # noqa: E402
+from zerompi.nodes import share_to_other_nodes         # noqa: E402
 from zerompi.precision import precision_for           # noqa: E402
+from zerompi.quantize import Quantizer, alltoall_elements, quantized_collectives, scales_ring_bytes   # noqa: E402
 from step_time import warmed_up_step                   # noqa: E402  (beside this file)
 
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.Get_rank(), COMM.Get_size()
-PURPOSES = {"grads", "params"}
+PURPOSES = {"grads", "params", "scales"}
+QUANTIZER = Quantizer(8, 2048)
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,11 @@ class Variant:
     stage: int
     hpz: bool = False
     hybrid: bool = False
+    qwz: bool = False         # --quantize-weights int8
+    qgz: bool = False         # --quantize-grads int8
+
+    def start_collectives(self):
+        return quantized_collectives(QUANTIZER if self.qwz else None, QUANTIZER if self.qgz else None)
 
     def grouping(self, ranks_per_node):
         if self.hpz:
@@ -76,6 +90,8 @@ class Variant:
 
 BASELINE = Variant("flat3", "flat stage 3", 3)
 VARIANTS = {v.key: v for v in (BASELINE, Variant("hpz3", "hpZ stage 3", 3, hpz=True),
+                               Variant("qwz3", "qwZ stage 3", 3, qwz=True), Variant("qgz3", "qgZ stage 3", 3, qgz=True),
+                               Variant("zeropp3", "ZeRO++ stage 3", 3, hpz=True, qwz=True, qgz=True),
                                Variant("hybrid3", "hybrid stage 3", 3, hybrid=True),
                                Variant("hybrid2", "hybrid stage 2", 2, hybrid=True),
                                Variant("hybrid1", "hybrid stage 1", 1, hybrid=True),
@@ -123,8 +139,10 @@ class VariantRun:
         self.variant, self.iface = variant, args.iface
         self.grouping = variant.grouping(ranks_per_node)
         comm = Communicator()
+        quantized = variant.qwz or variant.qgz
         self.engine = build_engine(args.sizes, variant.stage, precision_for("float32"), AdamConfig(),
-                                   args.batch_per_rank, comm, hierarchy=hierarchy_for(comm, self.grouping))
+                                   args.batch_per_rank, comm, hierarchy=hierarchy_for(comm, self.grouping),
+                                   **({"start_collectives": variant.start_collectives()} if quantized else {}))
         self.step = warmed_up_step(self.engine, args)     # benchmarks/step_time.py's
         self.round_s, self.steps, self.inter_bytes = [], 0, 0.0
         self.tx = 0 if node_leader and tx_bytes(self.iface) is not None else None   # None: not read here
@@ -155,8 +173,8 @@ class VariantRun:
             return None
         nodes = len(set(node_of_rank))
         collectives = self.grouping.ring_collectives(self.variant.stage, engine.layout.full_numel, N)
-        per_node = inter_node_per_node(ring_traffic(collectives, node_of_rank), N // nodes)
         bytes_per_param = engine.stage.precision.bytes_per_param()
+        formula = formula_inter_bytes(self.variant, collectives, engine.layout, node_of_rank, bytes_per_param)
         return {"label": self.variant.label, "stage": self.variant.stage,
                 "grouping": self.grouping.describe(self.variant.stage, N),
                 "step_s": statistics.median(self.round_s), "rounds_s": self.round_s,
@@ -164,8 +182,27 @@ class VariantRun:
                 "ledger_inter_bytes_per_rank": ledger,
                 "ledger_inter_bytes_per_node": [sum(b for b, n in zip(ledger, node_of_rank) if n == node)
                                                 for node in range(nodes)],
-                "formula_inter_bytes_per_node": [wire_bytes(e, bytes_per_param) for e in per_node],
+                "formula_inter_bytes_per_node": [sum(formula[r] for r in range(N) if node_of_rank[r] == node)
+                                                 for node in range(nodes)],
                 "wire_tx_bytes_per_node": [w for w in wire if w is not None] or None}
+
+
+def formula_inter_bytes(variant, collectives, layout, node_of_rank, bytes_per_param):
+    """Each rank's inter-node bytes per step by the formulas: the rings' elements at P and G bytes (one
+    byte each where quantized; qgZ's all-to-alls in place of the gradients' rings), and the scales."""
+    if variant.qgz:
+        collectives = [c for c in collectives if c.purpose != "grads"]
+    rings = ring_traffic(collectives, node_of_rank)
+    per_element = BytesPerParam(1 if variant.qwz else bytes_per_param.param, bytes_per_param.grad, 0)
+    inter = [wire_bytes(t["inter"], per_element) for t in rings]
+    scales = scales_ring_bytes(layout, QUANTIZER)        # per quantized call on every layer
+    for rank, successor in enumerate(node_of_rank[1:] + node_of_rank[:1]):
+        if variant.qwz:                                   # forward's gathers (and backward's, without hpZ)
+            inter[rank] += (1 if variant.hpz else 2) * scales * (successor != node_of_rank[rank])
+        if variant.qgz:                                   # the levels and scales of each all-to-all
+            inter[rank] += (alltoall_elements(layout.full_numel, 1, list(node_of_rank))[rank][1]
+                            + scales * share_to_other_nodes(node_of_rank, rank))
+    return inter
 
 
 def main(argv=None):

@@ -23,7 +23,8 @@ def test_benchmark_runs_across_nodes_and_its_ledger_equals_the_formula(emulated_
     report = json.loads(out.read_text())
     assert (report["nodes"], report["ranks_per_node"]) == (2, 2)
     variants = report["variants"]
-    assert set(variants) == {"flat3", "hpz3", "hybrid3", "hybrid2", "hybrid1", "flat2", "flat1"}
+    assert set(variants) == {"flat3", "hpz3", "qwz3", "qgz3", "zeropp3", "hybrid3", "hybrid2", "hybrid1", "flat2",
+                             "flat1"}
     for key, v in variants.items():
         assert v["label"] in result.stdout
         assert len(v["ledger_inter_bytes_per_node"]) == 2
@@ -37,3 +38,10 @@ def test_benchmark_runs_across_nodes_and_its_ledger_equals_the_formula(emulated_
     n, k = 4, 2                       # hybrid, any stage: 2 Psi (k-1)/k against flat stage 3's 3 Psi (N-1)/N
     for key in ("hybrid1", "hybrid2", "hybrid3"):
         assert variants[key]["ledger_inter_bytes_ratio"] == pytest.approx(2 * (k - 1) / k / (3 * (n - 1) / n), rel=1e-3)
+    # quantized, per node of 2 ranks on 2 nodes: a ring crosses once, 3/4 Psi per call, at 4 bytes an
+    # element in float32 (flat stage 3: 3 calls); qwZ's two gathers send 1 byte an element (plus 4 per
+    # block); qgZ's all-to-all sends each rank's 2 blocks of Psi / 4 to the other node, at 1 byte
+    flat = 3 * 0.75 * 4
+    assert variants["qwz3"]["formula_inter_bytes_ratio"] == pytest.approx((2 * 0.75 + 0.75 * 4) / flat, rel=0.02)
+    assert variants["qgz3"]["formula_inter_bytes_ratio"] == pytest.approx((2 * 0.75 * 4 + 2 * 0.5) / flat, rel=0.02)
+    assert variants["zeropp3"]["formula_inter_bytes_ratio"] < variants["qwz3"]["formula_inter_bytes_ratio"]
