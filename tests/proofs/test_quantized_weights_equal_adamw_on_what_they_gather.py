@@ -68,14 +68,22 @@ def test_each_dtype_quantizes_its_own_values(dtype):
 
 
 def check_dtype(dtype, stage, reference_of, **quantizers):
-    """A run of this dtype (fp16 with a loss scale of 1024) within its tolerance of reference_of's."""
+    """A run of this dtype (fp16 with a loss scale of 1024) within its tolerance of reference_of's; with
+    qwZ, what its gather hands the layers is the formula's blocks of its exact weights, bit for bit,
+    rounded to its dtype (a 16-bit tolerance alone would pass a run that did not quantize)."""
     sizes = SIZES[0]
     batches = make_batches(sizes, STEPS)
     engine, results = train_zero(stage, sizes, dtype, batches, loss_scale=1024.0 if dtype == np.float16 else 1.0,
                                  **quantizers)
     assert all(r.applied for r in results)
     want, _ = reference_of(sizes, dtype, batches)
-    assert_within_quantized_tolerance(consolidated(engine), want, dtype)
+    got = consolidated(engine)
+    assert_within_quantized_tolerance(got, want, dtype)
+    if "quantizer" in quantizers:
+        for layer, exact in zip(engine.layout.layers, got):
+            seen = through_blocks(list(exact), N, 8, BLOCK)
+            for gathered, formula in zip(layer.views(engine.stage.param_gather.gather(layer, [])), seen):
+                assert np.array_equal(gathered, formula.astype(dtype))
 
 
 def assert_within_quantized_tolerance(got, want, dtype):

@@ -9,7 +9,10 @@ b bits, Q = 2^(b-1) - 1 levels each side (127 for int8, 7 for int4):
     q_i  = clip( rint(x_i / s), -Q, Q )          rint rounds half to even; q_i is an integer
     x^_i = q_i * s                               float32, then rounded to the receiver's dtype
 
-    so |x_i - x^_i| <= s / 2: half a step of its own block (float32 rounding aside)
+    so |x_i - x^_i| <= s / 2: half a step of its own block (float32 rounding aside), for finite
+    values inside float32's range: an inf or a NaN makes its whole block NaN (as the training's
+    divergence check then reports); a block costs 4 bytes, so below B = 4 / (P - 1) (P bytes an
+    exact element) the blocks send more than the exact values would
 
 One scale per block, not per tensor, is what keeps an outlier from coarsening every other
 element: a block's step is set by its own largest value only.
@@ -40,7 +43,7 @@ class Quantizer:
     block: int = 2048           # B: elements per scale (--quant-block)
 
     @property
-    def levels(self):
+    def largest_level(self):
         """Q: the largest level, 2^(bits-1) - 1 (127, 7)."""
         return 2 ** (self.bits - 1) - 1
 
@@ -55,7 +58,7 @@ class Quantizer:
 
     def quantize(self, x, levels, scales, scratch):
         """x (n,) -> levels (n,) (an int8 array: q_i) and scales (k,) float32 (s of each block)."""
-        n, q = x.size, self.levels
+        n, q = x.size, self.largest_level
         tiles, low = self._tiles(scratch, n)         # (k, min(B, n)) and (k,)
         flat = tiles.reshape(-1)
         flat[n:] = 0                                 # the short last block's rest: 0 changes no max

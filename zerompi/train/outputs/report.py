@@ -68,14 +68,15 @@ def rank_numbers(engine, train_comm, steps, moved=None, micro_batches=1):
     bytes, inter-node elements)}."""
     memory = engine.memory
     steps = max(steps, 1)                  # a resumed run with no steps left moved nothing
-    grads, params = train_comm["grads"], train_comm["params"]
+    grads, params, scales = train_comm["grads"], train_comm["params"], train_comm[SCALES]
     inter_elements = grads[5] + params[5]
     return np.array([memory.bytes_by_kind[k] for k in MEMORY_KINDS] +
-                    [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps, (grads[1] + params[1]) / steps,
-                     (grads[0] + params[0]) / steps, (grads[3] + params[3]) / steps,
+                    [memory.peak_rss_bytes(), grads[2] / steps, params[2] / steps,
+                     (grads[1] + params[1] + scales[1]) / steps, (grads[0] + params[0] + scales[0]) / steps,
+                     (grads[3] + params[3] + scales[3]) / steps,
                      (grads[1] - grads[4]) / steps, grads[4] / steps, (params[1] - params[4]) / steps,
                      params[4] / steps, (grads[2] + params[2] - inter_elements) / steps, inter_elements / steps,
-                     train_comm[SCALES][1] / steps,
+                     scales[1] / steps,
                      *tier_numbers(engine, steps, moved, micro_batches)], dtype=np.float64)
 
 
@@ -195,13 +196,16 @@ def format_table(report):
                      f" {row['comm_seconds'] * 1e3:>8.2f}ms")
     lines.append(f"     formula {comm_name}: {comm_formula:,.0f} at Psi, "
                  f"{r['comm_formula_padded_elements_per_step']:,.0f} at Psi_pad")
-    if b["param"] == 2:
-        lines.append("     bytes: 16-bit gradients are summed in float32 (4 bytes per element), parameters "
-                     "gathered as 16-bit words (2)")
+    quantized = " ".join(r.get("quantized", []))
+    if b["param"] == 2 and not ("parameters" in quantized and "gradients" in quantized):
+        lines.append("     bytes: " + ", ".join(
+            part for what, part in (("gradients", "16-bit gradients are summed in float32 (4 bytes per element)"),
+                                    ("parameters", "parameters gathered as 16-bit words (2)")) if what not in quantized))
     if "quantize_block" in r:
         scales = {format_bytes(row["scales_bytes"]) for row in r["per_rank"]}
         lines.append(f"     ZeRO++: {' and '.join(r['quantized'])} (a byte per element) with float32 scales, one per "
-                     f"block of {r['quantize_block']}: {' / '.join(sorted(scales))} of scales per rank (formula "
+                     f"block of {r['quantize_block']} (counted in bytes, calls and MPI time): "
+                     f"{' / '.join(sorted(scales))} of scales per rank (formula "
                      f"{format_bytes(r['scales_formula_bytes_per_step'])}, 4 (N-1) ceil(n_u / B) per call on layer u)")
     lines += ["", *format_node_split(r)]
     if offloaded:
