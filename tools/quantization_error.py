@@ -8,7 +8,8 @@ the tables of docs/quantization.md. `python tools/quantization_error.py` (a few 
               shared signal and each rank's own noise), 2^16 elements each, summed two ways:
               ring     each hop quantizes the partial sum it passes on (p = Q(p) + g_r, N - 1
                        times): the error of every hop is carried and added to
-              all-to-all  each contribution is quantized once, the owner sums them in float32
+              all-to-all  each contribution is quantized once (the owner's own too, as qgZ does),
+                       the owner sums them in float32
               against the exact float64 sum: relative L2 error
 """
 import os

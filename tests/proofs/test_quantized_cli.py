@@ -60,7 +60,15 @@ def test_checkpoints_hold_the_exact_weights_and_resume_with_or_without_quantizat
     expected, got = load_weights(straight), load_weights(tmp_path / "resumed.npz")
     assert all(np.array_equal(got[k], expected[k]) for k in expected)      # the checkpoint was exact
     train_ok(2, *FLAGS, "--steps", 3, "--save-dir", tmp_path / "exact", cwd=tmp_path)
-    for n, stage, source, flags in ((3, 1, "q", ()), (3, 3, "exact", QWZ), (3, 2, "q", QGZ)):
+    runs = {}
+    for n, stage, source, flags in ((3, 1, "q", ()), (2, 3, "q", ()), (3, 3, "exact", QWZ), (3, 2, "q", QGZ)):
+        name = f"{source}-{n}-{stage}-{'-'.join(flags) or 'exact'}"
         train_ok(n, *FLAGS, *flags, "--stage", stage, "--steps", 6, "--resume", tmp_path / source / "step_00000003",
-                 "--save-weights", tmp_path / f"{source}-{n}.npz", cwd=tmp_path)
-        assert set(load_weights(tmp_path / f"{source}-{n}.npz")) == set(expected)
+                 "--save-weights", tmp_path / f"{name}.npz", cwd=tmp_path)
+        runs[name] = load_weights(tmp_path / f"{name}.npz")
+        assert set(runs[name]) == set(expected)
+    # the quantized run's checkpoint, resumed unquantized at (3, stage 1) and at (2, stage 3): the
+    # same continuation, within float32's reduction order
+    a, b = runs["q-3-1-exact"], runs["q-2-3-exact"]
+    assert all(np.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+    assert not all(np.allclose(a[k], expected[k], rtol=1e-5, atol=1e-6) for k in a)   # not the quantized run's
