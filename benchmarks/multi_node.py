@@ -200,7 +200,7 @@ def formula_inter_bytes(variant, collectives, layout, node_of_rank, bytes_per_pa
         if variant.qwz:                                   # forward's gathers (and backward's, without hpZ)
             inter[rank] += (1 if variant.hpz else 2) * scales * (successor != node_of_rank[rank])
         if variant.qgz:                                   # the levels and scales of each all-to-all
-            inter[rank] += (alltoall_elements(layout.full_numel, 1, list(node_of_rank))[rank][1]
+            inter[rank] += (alltoall_elements(layout.full_numel / N, 1, list(node_of_rank))[rank][1]
                             + scales * share_to_other_nodes(node_of_rank, rank))
     return inter
 

@@ -10,7 +10,7 @@ about 3 minutes on one GPU; tests/repository/test_gpu_check.py runs it, and skip
        weights; --overlap (collectives from the communication thread) and --comm nccl on one
        rank (NCCL wants a GPU per rank) must match in float64, and so must the optimizer state offloaded
        to pinned host memory and to a file (zerompi/offload/: AdamW on the CPU), with stage 3's
-       parameter shard there too, and qwZ's and qgZ's int8 blocks (CuPy's quantizer against NumPy's); zerompi/devices/gemm.py's cuBLAS GemmEx
+       parameter shard there too, and qwZ's and qgZ's int8 and int4 blocks (CuPy's quantizer against NumPy's); zerompi/devices/gemm.py's cuBLAS GemmEx
        must equal cupy.matmul (float64, every transpose, with and without adding into c) and
        16-bit products must equal float32 products of the same 16-bit values; the GPU device's
        operations (zerompi/devices/gpu.py) must equal the CPU device's on small-integer inputs
@@ -122,13 +122,14 @@ def correctness(cuda_aware, folder, report):
         ok &= diff <= 1e-10
         report(f"  stage 3  N=2  staged  float64 --offload-optimizer {optimizer} --offload-params {params}  "
                f"max rel diff {diff:.1e}  {'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
-    qwz = ("--quantize-weights", "int8", "--quantize-grads", "int8", "--quant-block", "256")   # zerompi/quantize/
-    cpu, _ = train(2, "cpu", "float64", 3, folder, extra=qwz)
-    gpu, _ = train(2, "gpu", "float64", 3, folder, {"ZEROMPI_CUDA_AWARE": "0"}, qwz)
-    diff = relative_difference(gpu, cpu)
-    ok &= diff <= 1e-10
-    report(f"  stage 3  N=2  staged  float64 {' '.join(qwz)}  max rel diff {diff:.1e}  "
-           f"{'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
+    for grads in ("int8", "int4"):             # zerompi/quantize/
+        qwz = ("--quantize-weights", "int8", "--quantize-grads", grads, "--quant-block", "256")
+        cpu, _ = train(2, "cpu", "float64", 3, folder, extra=qwz)
+        gpu, _ = train(2, "gpu", "float64", 3, folder, {"ZEROMPI_CUDA_AWARE": "0"}, qwz)
+        diff = relative_difference(gpu, cpu)
+        ok &= diff <= 1e-10
+        report(f"  stage 3  N=2  staged  float64 {' '.join(qwz)}  max rel diff {diff:.1e}  "
+               f"{'ok' if diff <= 1e-10 else 'FAILED (limit 1e-10)'}")
     if nccl_available():
         cpu, _ = train(1, "cpu", "float64", 3, folder)
         gpu, _ = train(1, "gpu", "float64", 3, folder, extra=("--comm", "nccl"))

@@ -28,7 +28,8 @@ RANKS = (2, 8, 32, 64)
 
 def round_trip(quantizer, x):
     """Quantize-then-dequantize x (n,) -> float64 (n,)."""
-    levels, scales = np.empty(x.size, np.int8), np.empty(quantizer.blocks(x.size), np.float32)
+    levels = np.empty(quantizer.wire_numel(x.size), quantizer.wire_dtype)
+    scales = np.empty(quantizer.blocks(x.size), np.float32)
     scratch, out = np.empty(quantizer.scratch_numel(x.size), np.float32), np.empty(x.size)
     quantizer.quantize(x, levels, scales, scratch)
     quantizer.dequantize(levels, scales, out, scratch)

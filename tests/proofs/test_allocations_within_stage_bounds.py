@@ -130,12 +130,13 @@ def test_accumulating_micro_batches_allocates_nothing_per_step(stage, dtype):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("device, dtype", CASES, ids=[f"{d}-{t}".replace(" ", "-") for d, t in CASES])
-@pytest.mark.parametrize("micro_batches", [1, 2])
-def test_quantized_blocks_allocate_nothing_per_step(device, dtype, micro_batches):
-    """Stage 3 with qwZ and qgZ (zerompi/quantize/): the quantizer works in the work buffers it
-    reserved, so a step still allocates nothing that stays, and nothing layer-sized in passing."""
+@pytest.mark.parametrize("micro_batches, grad_bits", [(1, 8), (2, 8), (2, 4)])
+def test_quantized_blocks_allocate_nothing_per_step(device, dtype, micro_batches, grad_bits):
+    """Stage 3 with qwZ and qgZ (int8 or int4; zerompi/quantize/): the quantizer works in the work
+    buffers it reserved, so a step still allocates nothing that stays, and nothing layer-sized in passing."""
     from zerompi.quantize import Quantizer
-    engine, _, alive, transient = measure(3, device, dtype, micro_batches, quantizers=(Quantizer(8, 128),) * 2)
+    engine, _, alive, transient = measure(3, device, dtype, micro_batches,
+                                          quantizers=(Quantizer(8, 128), Quantizer(grad_bits, 128)))
     assert [name for _, name, *_ in engine.memory.buffers if name.startswith("quantize.")]
     assert alive == [engine.memory.total_bytes] * MEASURED
     assert max(transient) <= TRANSIENT, f"steps allocated {transient} B and freed them"

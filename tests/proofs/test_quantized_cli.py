@@ -18,14 +18,19 @@ FLAGS = ("--hidden", "48,48", "--batch-size", "24", "--report", "none")
 
 
 @pytest.mark.parametrize("n, flags", [(2, QWZ), (4, (*QWZ, "--hpz", "--dtype", "bf16", "--quant-block", "256")),
-                                     (3, (*QGZ, "--stage", "2")), (4, (*QWZ, *QGZ, "--hpz", "--quant-block", "256"))],
-                         ids=["qwz", "qwz-hpz-bf16", "qgz-stage2", "zeropp"])
+                                     (3, (*QGZ, "--stage", "2")),
+                                     (4, (*QWZ, "--quantize-grads", "int4", "--hpz", "--quant-block", "256"))],
+                         ids=["qwz", "qwz-hpz-bf16", "qgz-stage2", "zeropp-int4"])
 def test_the_default_digits_train_past_95_percent_and_the_scales_are_their_formula(tmp_path, n, flags):
     """Scales per step: 4 (N-1) ceil(n_u / B) bytes per quantized call on layer u (n_u its shard): 2
-    gathers a step flat, 1 with hpZ, and 1 reduction; in the report and in every --metrics record."""
+    gathers a step flat, 1 with hpZ, and 1 reduction; in the report and in every --metrics record.
+    Each rank's counted words per step are the report's formula at Psi_pad (int4: packed bytes)."""
     run = train_ok(n, *flags, "--metrics", tmp_path / "m.jsonl", cwd=tmp_path)
     accuracy = float(re.search(r"held-out accuracy ([\d.]+)%", run.output).group(1))
     assert accuracy >= 95, run.output
+    padded = re.search(r"formula .*: [\d,]+ at Psi, ([\d,]+) at Psi_pad", run.output).group(1)
+    totals = re.findall(r"^ +\d+ +[\d,]+ +[\d,]+ +([\d,]+) +[\d,]+ ", run.output, re.M)
+    assert len(totals) == n and set(totals) == {padded}, run.output
     (line,) = [line for line in run.output.splitlines() if line.strip().startswith("ZeRO++:")]
     measured, formula = re.search(r": ([\d.]+ k?B) of scales per rank \(formula ([\d.]+ k?B)", line).groups()
     assert measured == formula, line

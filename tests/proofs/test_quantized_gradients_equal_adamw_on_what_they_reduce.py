@@ -1,4 +1,4 @@
-"""qgZ (--quantize-grads int8, zerompi/quantize/reduce.py) computes what single-process AdamW computes
+"""qgZ (--quantize-grads int8 and int4, zerompi/quantize/reduce.py) computes what single-process AdamW computes
 when its gradient is what qgZ reduces: each rank's contribution to each micro-batch through the block
 quantizer once, the owner's float sum (tests/proofs/reference.py's reduced_through_blocks, written
 from the formula). Run under mpirun with N = 1, 2, 3, 4, 8: stages 2 and 3, uneven shards and short
@@ -16,22 +16,26 @@ from test_quantized_weights_equal_adamw_on_what_they_gather import BLOCK, N, QUA
 from test_zero_equals_single_process_adamw import BF16, SIZES, assert_close_f64, size_id
 from zerompi.hierarchy import FLAT, Grouping
 from zerompi.ledger import ALLTOALL, GRADS
-from zerompi.quantize import SCALES
+from zerompi.quantize import SCALES, Quantizer
+
+INT4 = Quantizer(4, BLOCK)                   # packed two to a byte
+QGZ = {8: QUANTIZER, 4: INT4}
 
 
-def qgz_reference(sizes, dtype, batches, micro_batches=1, weights=False, **kwargs):
-    reduced = partial(reduced_through_blocks, num_ranks=N, micro_batches=micro_batches, bits=8, block=BLOCK)
+def qgz_reference(sizes, dtype, batches, micro_batches=1, weights=False, bits=8, **kwargs):
+    reduced = partial(reduced_through_blocks, num_ranks=N, micro_batches=micro_batches, bits=bits, block=BLOCK)
     seen = partial(through_blocks, num_ranks=N, bits=8, block=BLOCK) if weights else None
     return reference(sizes, dtype, batches, reduced=reduced, seen=seen, **kwargs)
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("bits", [8, 4], ids=["int8", "int4"])
 @pytest.mark.parametrize("sizes", SIZES, ids=size_id)
 @pytest.mark.parametrize("stage", [2, 3])
-def test_float64_equals_adamw_on_the_reduced_blocks(stage, sizes):
+def test_float64_equals_adamw_on_the_reduced_blocks(stage, sizes, bits):
     batches = make_batches(sizes, STEPS)
-    engine, results = train_zero(stage, sizes, np.float64, batches, grads_quantizer=QUANTIZER)
-    want, norms = qgz_reference(sizes, np.float64, batches)
+    engine, results = train_zero(stage, sizes, np.float64, batches, grads_quantizer=QGZ[bits])
+    want, norms = qgz_reference(sizes, np.float64, batches, bits=bits)
     assert_close_f64(consolidated(engine), want)
     assert np.allclose([r.grad_norm for r in results], norms, rtol=1e-12)
     exact, _ = reference(sizes, np.float64, batches)
@@ -54,21 +58,24 @@ def test_accumulation_clipping_and_full_zeropp_reduce_what_the_reference_reduces
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16], ids=["float32", "bf16", "fp16"])
-def test_each_dtype_quantizes_its_own_gradients(dtype):
-    check_dtype(dtype, 2, qgz_reference, grads_quantizer=QUANTIZER)
+@pytest.mark.parametrize("dtype, bits", [(np.float32, 8), (BF16, 8), (np.float16, 8), (np.float32, 4), (BF16, 4)],
+                         ids=["float32", "bf16", "fp16", "float32-int4", "bf16-int4"])
+def test_each_dtype_quantizes_its_own_gradients(dtype, bits):
+    check_dtype(dtype, 2, partial(qgz_reference, bits=bits), grads_quantizer=QGZ[bits])
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("bits", [8, 4], ids=["int8", "int4"])
 @pytest.mark.parametrize("stage", [2, 3])
-def test_the_ledger_counts_the_all_to_alls_levels_and_scales(stage):
+def test_the_ledger_counts_the_all_to_alls_levels_and_scales(stage, bits):
     """Per step of M micro-batches, per layer u and micro-batch: an all-to-all of the layer's levels,
-    (N-1) n_u bytes and elements (a reduce-scatter's elements), and one of its scales, 4 (N-1) k_u."""
+    (N-1) w_u bytes and words (w_u = n_u with int8, a reduce-scatter's elements; ceil(n_u / 2) with
+    int4's packed pairs), and one of its scales, 4 (N-1) k_u."""
     sizes, m = SIZES[0], micro_batches_for(N)
     engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, 1), micro_batches=m,
-                           grads_quantizer=QUANTIZER)
+                           grads_quantizer=QGZ[bits])
     entries, layers = engine.comm.ledger.entries, engine.layout.layers
-    levels = m * sum((N - 1) * u.shard_size for u in layers)
+    levels = m * sum((N - 1) * (u.shard_size if bits == 8 else -(-u.shard_size // 2)) for u in layers)
     scales = m * sum(4 * (N - 1) * QUANTIZER.blocks(u.shard_size) for u in layers)
     assert entries[(ALLTOALL, GRADS)][:3] == [m * len(layers), levels, levels]
     assert entries[(ALLTOALL, SCALES)][:3] == [m * len(layers), scales, scales / 4]
@@ -76,18 +83,18 @@ def test_the_ledger_counts_the_all_to_alls_levels_and_scales(stage):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("cuda_aware", [False, True], ids=["staged", "cuda-aware"])
-def test_the_gpu_stand_in_reduces_the_same_blocks_as_the_cpu(cuda_aware):
+@pytest.mark.parametrize("cuda_aware, bits", [(False, 8), (True, 8), (True, 4)], ids=["staged", "cuda-aware", "int4"])
+def test_the_gpu_stand_in_reduces_the_same_blocks_as_the_cpu(cuda_aware, bits):
     """The all-to-alls through the device transport (zerompi/devices/staging.py): staged through
     pinned host memory (send and receive side by side in it), or handed to MPI after a synchronize;
     bitwise the CPU's, with qwZ beside them."""
     from device_stand_in import StandInGPU
     from zerompi.devices import communicator_on
     sizes, batches = SIZES[0], make_batches(SIZES[0], 2)
-    cpu, _ = train_zero(3, sizes, np.float32, batches, quantizer=QUANTIZER, grads_quantizer=QUANTIZER)
+    cpu, _ = train_zero(3, sizes, np.float32, batches, quantizer=QUANTIZER, grads_quantizer=QGZ[bits])
     device = StandInGPU()
     comm = communicator_on(device, mpi_reads_device_memory=cuda_aware)
-    gpu, _ = train_zero(3, sizes, np.float32, batches, comm=comm, quantizer=QUANTIZER, grads_quantizer=QUANTIZER)
+    gpu, _ = train_zero(3, sizes, np.float32, batches, comm=comm, quantizer=QUANTIZER, grads_quantizer=QGZ[bits])
     for (w, b), (w_cpu, b_cpu) in zip(consolidated(gpu), consolidated(cpu)):
         assert np.array_equal(w, w_cpu) and np.array_equal(b, b_cpu)
     alltoalls = gpu.comm.ledger.entries[(ALLTOALL, GRADS)][0] + gpu.comm.ledger.entries[(ALLTOALL, SCALES)][0]
@@ -108,7 +115,7 @@ def test_the_all_to_alls_inter_node_share_is_the_formulas_on_every_rank(node_of_
         plan = plan_run(RunShape(tuple(sizes), 2, precision_for("float32"), 4, n, 2, node_of_rank=node_of_rank,
                                  grads_quantizer=QUANTIZER), rank)
         psi_pad = sum(u.padded for u in plan_layers(sizes, n))
-        intra, inter = alltoall_elements(psi_pad, 2, list(node_of_rank))[rank]
+        intra, inter = alltoall_elements(psi_pad / n, 2, list(node_of_rank))[rank]
         calls, ring_bytes, elements, _ = plan.ledger.totals({GRADS})
         inter_bytes, inter_elements = plan.ledger.inter_node({GRADS})
         assert elements == pytest.approx(intra + inter) and inter_elements == pytest.approx(inter)

@@ -21,7 +21,8 @@ DTYPES = {"float32": np.float32, "float64": np.float64, "fp16": np.float16, "bf1
 
 def quantized(quantizer, x):
     """(levels, scales, x^ in x's dtype) through the quantizer."""
-    levels, scales = np.full(x.size, 99, np.int8), np.full(quantizer.blocks(x.size), np.nan, np.float32)
+    levels = np.full(quantizer.wire_numel(x.size), 99, quantizer.wire_dtype)
+    scales = np.full(quantizer.blocks(x.size), np.nan, np.float32)
     scratch, out = np.full(quantizer.scratch_numel(x.size), np.nan, np.float32), np.empty_like(x)
     quantizer.quantize(x, levels, scales, scratch)
     quantizer.dequantize(levels, scales, out, scratch)
@@ -36,6 +37,13 @@ def values(n, dtype, seed=0):
     return x.astype(dtype)
 
 
+def packed(levels):
+    """int4's wire format as docs/quantization.md writes it: byte_i = (q_2i + 8) + 16 (q_2i+1 + 8),
+    an odd count's last level paired with 0."""
+    q = np.append(levels, [0] * (levels.size % 2)).astype(np.int64) + 8
+    return (q[0::2] + 16 * q[1::2]).astype(np.uint8)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=list(DTYPES))
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("n, block", [(1000, 64), (1000, 1000), (1000, 4096), (130, 7), (7, 7), (1, 2048),
@@ -45,7 +53,9 @@ def test_the_quantizer_is_its_formula_bit_for_bit(dtype, bits, n, block):
     levels, scales, out = quantized(Quantizer(bits, block), x)
     want, want_levels, want_scales = block_round_trip(x, bits, block)
     assert np.array_equal(scales, want_scales)
-    assert np.array_equal(levels, want_levels) and np.abs(levels).max() <= 2 ** (bits - 1) - 1
+    assert np.abs(want_levels).max() <= 2 ** (bits - 1) - 1
+    assert np.array_equal(levels, want_levels if bits == 8 else packed(want_levels))
+    assert levels.dtype == (np.int8 if bits == 8 else np.uint8) and levels.size == -(-n // (8 // bits))
     assert np.array_equal(out, want.astype(x.dtype))                 # rounded to the receiver's dtype
 
 
@@ -55,7 +65,7 @@ def test_each_element_is_within_half_a_step_of_its_own_block(dtype, bits):
     quantizer, x = Quantizer(bits, 100), values(1000, DTYPES[dtype], seed=1)
     _, scales, _ = quantized(quantizer, x)
     x32 = x.astype(np.float32).astype(np.float64)                     # its own values, not its bits
-    levels, _, _ = quantized(quantizer, x)
+    levels = block_round_trip(x, bits, quantizer.block)[1]
     step = np.repeat(scales.astype(np.float64), quantizer.block)[:x.size]
     x_hat = (levels * step.astype(np.float32)).astype(np.float64)     # q s in float32
     assert np.all(np.abs(x32 - x_hat) <= step / 2 + np.abs(x_hat) * 2.0 ** -24)
@@ -86,8 +96,8 @@ def test_quantizing_each_contribution_once_does_not_grow_with_n_where_a_requanti
 
 
 def test_a_block_larger_than_the_shard_needs_a_scratch_of_the_shard_only():
-    assert Quantizer(8, 10 ** 12).scratch_numel(1000) == 1001
-    assert Quantizer(8, 64).scratch_numel(1000) == 16 * 65
+    assert Quantizer(8, 10 ** 12).scratch_numel(1000) == 1002
+    assert Quantizer(8, 64).scratch_numel(1000) == 16 * 65 + 1
     quantizer, small = Quantizer(8, 64), values(100, np.float32)       # a smaller layer's shard in the same scratch
     levels, scales = np.empty(100, np.int8), np.empty(2, np.float32)
     scratch, out = np.full(quantizer.scratch_numel(1000), np.nan, np.float32), np.empty(100, np.float32)

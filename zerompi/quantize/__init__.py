@@ -15,7 +15,7 @@ quantize what is sent:
 
     blocks.py       the quantizer: the formula, and the block layout inside each rank's shard
     gather.py       qwZ: stage 3's layer gather in int8 blocks
-    reduce.py       qgZ: the gradient reduce-scatter as an all-to-all of int8 blocks
+    reduce.py       qgZ: the gradient reduce-scatter as an all-to-all of int8 or int4 blocks
     collectives.py  QuantizedCollectives: the Collectives whose gather and reduce-scatter are those
 
 `quantized_collectives(weights, grads)` is what zerompi/engine.py's build_engine takes as its
@@ -26,10 +26,10 @@ from functools import partial
 from .blocks import FLT_MIN, Quantizer
 from .collectives import QuantizedCollectives
 from .gather import SCALES, scales_ring_bytes
-from .reduce import alltoall_elements
+from .reduce import alltoall_elements, owner_words
 
 __all__ = ["Quantizer", "FLT_MIN", "SCALES", "QuantizedCollectives", "quantized_collectives", "scales_ring_bytes",
-           "alltoall_elements"]
+           "alltoall_elements", "owner_words"]
 
 
 def quantized_collectives(weights=None, grads=None):

@@ -6,7 +6,8 @@ stay as they are. The stages call the same methods as ever: their files do not c
 Work buffers, reserved once for the largest layer (n its shard, k = ceil(n / B) its blocks) and
 shared by both, which never run at once (no --overlap here):
 
-    levels_out, levels_in   (N n,) int8    what this rank sends, what it receives
+    levels_out, levels_in   (N n,) int8    what this rank sends, what it receives (int4's packed
+                                           pairs in the first N ceil(n / 2) bytes, as uint8)
     scales_out, scales_in   (N k,) float32
     scratch                 the quantizer's (blocks.py)
     total, part             (n,) compute dtype: qgZ's sum of the dequantized contributions
@@ -34,6 +35,7 @@ class QuantizedCollectives(Collectives):
         self.scales_out, self.scales_in = work("scales_out", (N * k,), "float32"), work("scales_in", (N * k,), "float32")
         self.scratch = work("scratch", (quantizer.scratch_numel(n),), "float32")
         if self.grads is not None:
+            self.grads_out, self.grads_in = (b.view(self.grads.wire_dtype) for b in (self.levels_out, self.levels_in))
             self.total, self.part = work("total", (n,), precision.compute), work("part", (n,), precision.compute)
 
     def layer_gather(self, buffers, shard_of):

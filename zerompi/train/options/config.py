@@ -127,9 +127,9 @@ class TrainConfig:
     quantize_weights: str = option("none", "stage 3: all-gather the parameters as int8 blocks, a float32 scale "
                                    "each (ZeRO++'s qwZ; the shards, the master and Adam stay exact; "
                                    "docs/quantization.md)", ZERO, choices=("none", "int8"))
-    quantize_grads: str = option("none", "stages 2-3: reduce the gradients through an all-to-all of int8 blocks, "
-                                 "each owner summing them in full precision (ZeRO++'s qgZ; "
-                                 "docs/quantization.md)", ZERO, choices=("none", "int8"))
+    quantize_grads: str = option("none", "stages 2-3: reduce the gradients through an all-to-all of int8 blocks "
+                                 "(int4: packed two to a byte), each owner summing them in full precision "
+                                 "(ZeRO++'s qgZ; docs/quantization.md)", ZERO, choices=("none", "int8", "int4"))
     quant_block: int = option(2048, "elements per scale of --quantize-weights and --quantize-grads", ZERO,
                               metavar="ELEMENTS")
     offload_dir: str = option("", "the folder of the file tier's scratch files (one or two per rank, removed "

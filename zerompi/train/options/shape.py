@@ -29,5 +29,9 @@ def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None, on_gpu=False, 
                     cfg.grad_accum, grouping, overlap_config(cfg), node_of_rank, bool(cfg.init_weights or cfg.resume),
                     cfg.collective_timeout > 0, offload_tier(cfg, on_gpu, rank),
                     offload_tier(cfg, on_gpu, rank, cfg.offload_params),
-                    Quantizer(8, cfg.quant_block) if cfg.quantize_weights == "int8" else None,
-                    Quantizer(8, cfg.quant_block) if cfg.quantize_grads == "int8" else None)
+                    quantizer(cfg.quantize_weights, cfg.quant_block), quantizer(cfg.quantize_grads, cfg.quant_block))
+
+
+def quantizer(choice, block):
+    """--quantize-weights' or --quantize-grads' Quantizer (zerompi/quantize/), or None (exact)."""
+    return {"none": None, "int8": Quantizer(8, block), "int4": Quantizer(4, block)}[choice]

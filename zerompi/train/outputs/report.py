@@ -26,7 +26,8 @@ groups, the replica groups, the nodes), and the memory formula of the variant (z
 
 qwZ and qgZ (--quantize-weights, --quantize-grads; zerompi/quantize/): the parameter gathers and
 the gradient reductions send int8 levels, one byte per element (the elements and their formula
-unchanged), and float32 scales under their own purpose: 4 (N-1) ceil(n_u / B) bytes per quantized
+unchanged; int4 gradients two to a byte, counted as the bytes they are, their formula sum_u
+ceil(n_u / 2) per owner), and float32 scales under their own purpose: 4 (N-1) ceil(n_u / B) bytes per quantized
 call on layer u (n_u its shard), 2 M gathers per step (M with hpZ: backward gathers the node's
 exact copy) and M reductions.
 
@@ -39,7 +40,7 @@ import numpy as np
 from ...ledger import MEMORY_KINDS
 from ...memory import passes_over_params, ring_traffic
 from ...offload import OffloadedAdamW
-from ...quantize import SCALES, QuantizedCollectives, alltoall_elements, scales_ring_bytes
+from ...quantize import SCALES, QuantizedCollectives, alltoall_elements, owner_words, scales_ring_bytes
 from ...util.words import counted, format_bytes
 
 OFFLOADED = {"optimizer": "optimizer state", "params": "parameters"}    # what the report calls each kind
@@ -92,10 +93,11 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping, move
     bytes_per_param = engine.stage.precision.bytes_per_param()
     n, psi, psi_pad = comm.size, layout.num_params, layout.full_numel
     # [intra-node, inter-node] elements of each rank per step, and their sum (the same on every rank)
-    grads_quantized = isinstance(engine.stage.collectives, QuantizedCollectives) and engine.stage.collectives.grads
+    qgz = engine.stage.collectives.grads if isinstance(engine.stage.collectives, QuantizedCollectives) else None
+    owner = (psi / n * qgz.bits / 8, owner_words(qgz, layout)) if qgz else (None, None)   # at Psi, Psi_pad
     split = [formula_split(grouping.ring_collectives(stage, num, n, micro_batches), comm.node_of_rank,
-                           alltoall_elements(num, micro_batches, comm.node_of_rank) if grads_quantized else None)
-             for num in (psi, psi_pad)]
+                           alltoall_elements(words, micro_batches, comm.node_of_rank) if qgz else None)
+             for num, words in zip((psi, psi_pad), owner)]
     return {
         "stage": stage, "ranks": n, "steps": steps, "dtype": engine.stage.precision.name,
         "grouping": grouping.describe(stage, n), "shard_group": grouping.shard_group or n,
@@ -167,6 +169,8 @@ def format_table(report):
         comm_name = "of the groups' rings (zerompi.memory.ring_traffic)"
     if m > 1:
         comm_name += f", M = {m} micro-batches"
+    if "gradients as int4" in r.get("quantized", []):
+        comm_name += ", the gradients' Psi as the Psi / 2 bytes of int4 pairs"
     lines = [
         f"{r['grouping']}, {r['dtype']}, Psi = {r['psi']:,} parameters"
         f" ({r['psi_padded']:,} padded), P={b['param']:g} G={b['grad']:g} K={b['optimizer']:g} bytes/param",
@@ -203,7 +207,8 @@ def format_table(report):
                                     ("parameters", "parameters gathered as 16-bit words (2)")) if what not in quantized))
     if "quantize_block" in r:
         scales = {format_bytes(row["scales_bytes"]) for row in r["per_rank"]}
-        lines.append(f"     ZeRO++: {' and '.join(r['quantized'])} (a byte per element) with float32 scales, one per "
+        per = "half a byte per element, counted in bytes" if "int4" in quantized else "a byte per element"
+        lines.append(f"     ZeRO++: {' and '.join(r['quantized'])} ({per}) with float32 scales, one per "
                      f"block of {r['quantize_block']} (counted in bytes, calls and MPI time): "
                      f"{' / '.join(sorted(scales))} of scales per rank (formula "
                      f"{format_bytes(r['scales_formula_bytes_per_step'])}, 4 (N-1) ceil(n_u / B) per call on layer u)")
