@@ -5,7 +5,7 @@ and hybrid sharding, across nodes.
     python tools/emulated_cluster.py --cluster 8 mpiexec --ppn 2 -- python benchmarks/multi_node.py
     mpiexec -hosts node1,node2 -ppn 8 python benchmarks/multi_node.py --iface ib0   (a real cluster)
         [--sizes 1024,1024,1024,10] [--batch-per-rank 32] [--repeats 5] [--steps 3] [--warmup 1]
-        [--variants flat3,hpz3,qwz3,qgz3,zeropp3,hybrid3,hybrid2,hybrid1,flat2,flat1] [--json PATH]
+        [--variants flat3,hpz3,qwz3,qgz3,qgz3hop,zeropp3,hybrid3,hybrid2,hybrid1,flat2,flat1] [--json PATH]
 
 Ranks must be placed on the nodes in blocks (mpiexec -ppn L): L ranks on each of k nodes.
 
@@ -13,7 +13,8 @@ Method (every rank with 1 BLAS thread, float32, the same MLP and batch shapes fo
   variants   flat stage s (ZeRO over all N ranks), stage 3 with hpZ (--hpz: a secondary partition
              over the node's L ranks), hybrid sharding stage s (--shard-group node: ZeRO inside
              each node, the owned shards all-reduced across the k nodes), stage 3 with qwZ's int8
-             parameter gathers, with qgZ's int8 gradient all-to-alls, and with hpZ, qwZ and qgZ
+             parameter gathers, with qgZ's int8 gradient all-to-alls (two hops: inside the node, then
+             between nodes; and in one flat all-to-all), and with hpZ, qwZ and qgZ
              (zerompi/quantize/, blocks of 2048). Each is built once
              (build_engine with its Grouping), init_params(0), random data per rank, `warmup`
              steps. Then `repeats` rounds; in each, every variant in turn: Barrier, `steps`
@@ -25,9 +26,10 @@ Method (every rank with 1 BLAS thread, float32, the same MLP and batch shapes fo
   formula    zerompi.memory's ring collectives of the variant (Grouping.ring_collectives at the
              layout's padded Psi, so that it equals the ledger exactly) through ring_traffic and
              inter_node_per_node: the same, predicted. Quantized: the parameters' and gradients'
-             elements at one byte each, qgZ's all-to-alls in place of the gradients' rings (a
-             block of Psi / N to each rank on another node: zerompi.quantize.alltoall_elements),
-             and the scales, 4 bytes per block, crossing as the calls that carry them.
+             elements at one byte each, qgZ's all-to-alls in place of the gradients' rings (blocks
+             of Psi / N, M - 1 of them between nodes with two hops, one to each rank on another
+             node with one: zerompi.quantize.hop_slots), and the scales, 4 bytes per block,
+             crossing as the calls that carry them.
   wire       the bytes that really left each node: the first rank of each node reads its network
              namespace's transmit counter of --iface (/proc/net/dev, which shows the reading
              process's namespace; /sys/class/net shows the namespace that mounted /sys, which on
@@ -58,9 +60,8 @@ from zerompi.engine import build_engine               # noqa: E402
 from zerompi.hierarchy import FLAT, Grouping, hierarchy_for   # noqa: E402
 from zerompi.hierarchy.groups import node_size        # noqa: E402
 from zerompi.memory import BytesPerParam, ring_traffic, wire_bytes   # noqa: E402
-from zerompi.nodes import share_to_other_nodes         # noqa: E402
 from zerompi.precision import precision_for           # noqa: E402
-from zerompi.quantize import Quantizer, alltoall_elements, quantized_collectives, scales_ring_bytes   # noqa: E402
+from zerompi.quantize import Quantizer, hop_slots, quantized_collectives, scales_ring_bytes   # noqa: E402
 from step_time import warmed_up_step                   # noqa: E402  (beside this file)
 
 COMM = MPI.COMM_WORLD
@@ -77,10 +78,12 @@ class Variant:
     hpz: bool = False
     hybrid: bool = False
     qwz: bool = False         # --quantize-weights int8
-    qgz: bool = False         # --quantize-grads int8
+    qgz: bool = False         # --quantize-grads int8, in two hops across the nodes
+    one_hop: bool = False     # qgZ's flat all-to-all over every rank instead
 
-    def start_collectives(self):
-        return quantized_collectives(QUANTIZER if self.qwz else None, QUANTIZER if self.qgz else None)
+    def start_collectives(self, ranks_per_node):
+        return quantized_collectives(QUANTIZER if self.qwz else None, QUANTIZER if self.qgz else None,
+                                     None if self.one_hop else ranks_per_node)
 
     def grouping(self, ranks_per_node):
         if self.hpz:
@@ -91,6 +94,7 @@ class Variant:
 BASELINE = Variant("flat3", "flat stage 3", 3)
 VARIANTS = {v.key: v for v in (BASELINE, Variant("hpz3", "hpZ stage 3", 3, hpz=True),
                                Variant("qwz3", "qwZ stage 3", 3, qwz=True), Variant("qgz3", "qgZ stage 3", 3, qgz=True),
+                               Variant("qgz3hop", "qgZ one hop stage 3", 3, qgz=True, one_hop=True),
                                Variant("zeropp3", "ZeRO++ stage 3", 3, hpz=True, qwz=True, qgz=True),
                                Variant("hybrid3", "hybrid stage 3", 3, hybrid=True),
                                Variant("hybrid2", "hybrid stage 2", 2, hybrid=True),
@@ -142,7 +146,7 @@ class VariantRun:
         quantized = variant.qwz or variant.qgz
         self.engine = build_engine(args.sizes, variant.stage, precision_for("float32"), AdamConfig(),
                                    args.batch_per_rank, comm, hierarchy=hierarchy_for(comm, self.grouping),
-                                   **({"start_collectives": variant.start_collectives()} if quantized else {}))
+                                   **({"start_collectives": variant.start_collectives(ranks_per_node)} if quantized else {}))
         self.step = warmed_up_step(self.engine, args)     # benchmarks/step_time.py's
         self.round_s, self.steps, self.inter_bytes = [], 0, 0.0
         self.tx = 0 if node_leader and tx_bytes(self.iface) is not None else None   # None: not read here
@@ -200,8 +204,8 @@ def formula_inter_bytes(variant, collectives, layout, node_of_rank, bytes_per_pa
         if variant.qwz:                                   # forward's gathers (and backward's, without hpZ)
             inter[rank] += (1 if variant.hpz else 2) * scales * (successor != node_of_rank[rank])
         if variant.qgz:                                   # the levels and scales of each all-to-all
-            inter[rank] += (alltoall_elements(layout.full_numel / N, 1, list(node_of_rank))[rank][1]
-                            + scales * share_to_other_nodes(node_of_rank, rank))
+            crossing = hop_slots(list(node_of_rank), None if variant.one_hop else node_of_rank.count(0))[rank][1]
+            inter[rank] += crossing * (layout.full_numel / N + scales / (N - 1))
     return inter
 
 

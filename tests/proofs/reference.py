@@ -161,22 +161,28 @@ def through_blocks(params, num_ranks, bits, block):
     return seen
 
 
-def reduced_through_blocks(layers, x, labels, stored, num_ranks, micro_batches, bits, block):
+def reduced_through_blocks(layers, x, labels, stored, num_ranks, micro_batches, bits, block, node_size=None):
     """qgZ's reduced gradient, as the reference sees it: the rows of the batch cut as zerompi cuts
     them (M micro-batches of N ranks' rows); each (micro-batch, rank)'s gradient, normalized by the
     whole batch (so that they sum to the batch's gradient) and rounded to the storage dtype, goes
     through_blocks once; the owner sums a micro-batch's N contributions (rounded to the storage dtype
-    as the shard keeps them) and the micro-batches add up."""
+    as the shard keeps them) and the micro-batches add up. With two hops (node_size L: ranks
+    r // L share a node), each node's sum of its L contributions goes through_blocks once more, and
+    the owner sums the nodes'."""
     rows = x.shape[0] // (micro_batches * num_ranks)
     xs = x.reshape(micro_batches, num_ranks, rows, -1)
     ys = labels.reshape(micro_batches, num_ranks, rows)
     total = None
     for m in range(micro_batches):
-        summed = 0
+        nodes = {}                                  # node -> the sum of its ranks' contributions
         for r in range(num_ranks):
             _, grads = loss_and_grads(layers, xs[m, r], ys[m, r])
             contribution = [stored(g * (rows / x.shape[0])) for layer in grads for g in layer]
-            summed = [s + q for s, q in zip(summed or [0] * len(contribution),
-                                            through_blocks(contribution, num_ranks, bits, block))]
+            node = r // node_size if node_size else 0
+            nodes[node] = [s + q for s, q in zip(nodes.get(node, [0] * len(contribution)),
+                                                 through_blocks(contribution, num_ranks, bits, block))]
+        if node_size:                               # hop 2: each node's sum through the blocks again
+            nodes = {node: through_blocks(s, num_ranks, bits, block) for node, s in nodes.items()}
+        summed = [sum(parts) for parts in zip(*nodes.values())]
         total = [stored(s) for s in summed] if total is None else [stored(t + s) for t, s in zip(total, summed)]
     return total

@@ -22,8 +22,9 @@ INT4 = Quantizer(4, BLOCK)                   # packed two to a byte
 QGZ = {8: QUANTIZER, 4: INT4}
 
 
-def qgz_reference(sizes, dtype, batches, micro_batches=1, weights=False, bits=8, **kwargs):
-    reduced = partial(reduced_through_blocks, num_ranks=N, micro_batches=micro_batches, bits=bits, block=BLOCK)
+def qgz_reference(sizes, dtype, batches, micro_batches=1, weights=False, bits=8, node_size=None, **kwargs):
+    reduced = partial(reduced_through_blocks, num_ranks=N, micro_batches=micro_batches, bits=bits, block=BLOCK,
+                      node_size=node_size)
     seen = partial(through_blocks, num_ranks=N, bits=8, block=BLOCK) if weights else None
     return reference(sizes, dtype, batches, reduced=reduced, seen=seen, **kwargs)
 
@@ -41,6 +42,35 @@ def test_float64_equals_adamw_on_the_reduced_blocks(stage, sizes, bits):
     exact, _ = reference(sizes, np.float64, batches)
     assert max(np.max(np.abs(w - e)) for layer, exact_layer in zip(want, exact)
                for w, e in zip(layer, exact_layer)) > 1e-6          # the quantization did change the training
+
+
+def node_sizes():
+    """Every L with 1 < L < N that divides N: the nodes qgZ's two hops can run over."""
+    return [size for size in range(2, N) if N % size == 0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("bits", [8, 4], ids=["int8", "int4"])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_hops_across_nodes_equal_adamw_on_what_each_hop_reduces(stage, bits):
+    """Nodes of L ranks (in blocks, as the launchers place them; here on one machine): each rank's
+    contribution quantized once inside the node, each node's float sum quantized once between the
+    nodes, as the reference's hops do; and a different answer from one hop's (the reference of one
+    hop is farther from the run than float64's tolerance)."""
+    sizes, m = SIZES[1], micro_batches_for(N)
+    batches = make_batches(sizes, STEPS)
+    if not node_sizes():
+        pytest.skip(f"no node size between 1 and N = {N} divides it")
+    for node_size in node_sizes():
+        engine, results = train_zero(stage, sizes, np.float64, batches, micro_batches=m, max_grad_norm=0.5,
+                                     grads_quantizer=QGZ[bits], grads_node_size=node_size)
+        want, norms = qgz_reference(sizes, np.float64, batches, m, bits=bits, node_size=node_size, clip_norm=0.5)
+        assert_close_f64(consolidated(engine), want)
+        assert np.allclose([r.grad_norm for r in results], norms, rtol=1e-12)
+        one_hop, _ = qgz_reference(sizes, np.float64, batches, m, bits=bits, clip_norm=0.5)
+        assert max(np.max(np.abs(w - o)) for layer, other in zip(want, one_hop) for w, o in zip(layer, other)) > 1e-9
+        hops = engine.stage.collectives
+        assert (hops.node_comm.size, hops.cross_comm.size) == (node_size, N // node_size)
 
 
 @pytest.mark.mpi
@@ -102,11 +132,14 @@ def test_the_gpu_stand_in_reduces_the_same_blocks_as_the_cpu(cuda_aware, bits):
     assert (device.synchronized if cuda_aware else min(device.to_host, device.from_host)) > alltoalls
 
 
-@pytest.mark.parametrize("node_of_rank", [(0, 0, 1, 1), (0, 0, 0, 1, 1, 1), (0, 1, 2, 3)])
-def test_the_all_to_alls_inter_node_share_is_the_formulas_on_every_rank(node_of_rank):
-    """A plan on ranks placed on several nodes (no MPI): each rank's all-to-alls send M blocks of
-    Psi_pad / N to each other rank, inter-node to the ranks on other nodes; the ledger splits them
-    so, and so does the report's formula (zerompi/quantize/'s alltoall_elements)."""
+@pytest.mark.parametrize("node_of_rank, node_size", [((0, 0, 1, 1), 2), ((0, 0, 0, 1, 1, 1), 3), ((0, 1, 2, 3), None),
+                                                     ((0, 1, 0, 1), None), ((0, 0, 0, 1), None)])
+def test_the_all_to_alls_inter_node_share_is_the_formulas_on_every_rank(node_of_rank, node_size):
+    """A plan on ranks placed on several nodes (no MPI): on nodes of L > 1 ranks in blocks, two hops
+    (M (N/L) (L-1) blocks of Psi_pad / N inside the node, M (N/L - 1) between nodes); on nodes of one
+    rank, or not in blocks, one all-to-all (M blocks to each other rank, inter-node to the ranks on
+    other nodes); the ledger splits them so, and so does the report's formula
+    (zerompi/quantize/'s alltoall_elements)."""
     from zerompi.plan import RunShape, plan_run
     from zerompi.precision import precision_for
     from zerompi.quantize import alltoall_elements
@@ -115,7 +148,8 @@ def test_the_all_to_alls_inter_node_share_is_the_formulas_on_every_rank(node_of_
         plan = plan_run(RunShape(tuple(sizes), 2, precision_for("float32"), 4, n, 2, node_of_rank=node_of_rank,
                                  grads_quantizer=QUANTIZER), rank)
         psi_pad = sum(u.padded for u in plan_layers(sizes, n))
-        intra, inter = alltoall_elements(psi_pad / n, 2, list(node_of_rank))[rank]
+        intra, inter = alltoall_elements(psi_pad / n, 2, list(node_of_rank), node_size)[rank]
+        assert any(name == "quantize.node_sum" for _, name, *_ in plan.buffers) == bool(node_size)   # the hops' sums
         calls, ring_bytes, elements, _ = plan.ledger.totals({GRADS})
         inter_bytes, inter_elements = plan.ledger.inter_node({GRADS})
         assert elements == pytest.approx(intra + inter) and inter_elements == pytest.approx(inter)

@@ -17,6 +17,7 @@ from zerompi.offload import FileTier, OffloadedAdamConfig
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_run
 from zerompi.precision import precision_for
+from zerompi.nodes import block_node_size
 from zerompi.quantize import Quantizer
 
 SIZES = [12, 37, 53, 7]   # a layer of 481 elements: a padded shard at every N > 1
@@ -50,7 +51,7 @@ def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_
     config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
     engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
                                  overlap=config, grouping=grouping, adam=adam, quantizer=quantizer,
-                                 grads_quantizer=grads_quantizer)
+                                 grads_quantizer=grads_quantizer, grads_node_size=block_node_size(comm.node_of_rank))
     assert all(r.applied for r in results)
     engine.stage.finish_communication()          # --overlap: the last step's all-gathers recorded
     shape = RunShape(tuple(SIZES), stage, precision_for(dtype), 24 // comm.size, comm.size, micro_batches,

@@ -27,6 +27,7 @@ from ..adam import AdamConfig
 from ..engine import build_engine
 from ..hierarchy import FLAT, hierarchy_for
 from ..ledger import METRICS
+from ..nodes import block_node_size
 from ..offload import FileTier, OffloadedAdamConfig, OffloadedStage3
 from ..overlap import OverlapConfig
 from ..quantize import quantized_collectives
@@ -58,7 +59,8 @@ class RunShape:
         """build_engine's: the overlap's (zerompi/overlap/), or qwZ's and qgZ's (zerompi/quantize/)."""
         if self.weights_quantizer is None and self.grads_quantizer is None:
             return self.overlap.start
-        return quantized_collectives(self.weights_quantizer, self.grads_quantizer)
+        nodes = block_node_size(self.node_of_rank) if self.node_of_rank else None    # qgZ's two hops
+        return quantized_collectives(self.weights_quantizer, self.grads_quantizer, nodes)
 
     @property
     def num_params(self):

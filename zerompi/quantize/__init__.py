@@ -11,7 +11,8 @@ quantize what is sent:
     qgZ   the gradient reduce-scatter becomes an all-to-all of int4 (or int8) blocks, each
           owner summing the dequantized contributions in float32: each contribution is
           quantized once, never a partial sum (a ring re-quantizing its partial sums at
-          every hop accumulates the error; tools/quantization_error.py measures both)
+          every hop accumulates the error; tools/quantization_error.py measures both); across
+          nodes in two hops, the node's sum quantized once more for the hop between nodes
 
     blocks.py       the quantizer: the formula, and the block layout inside each rank's shard
     gather.py       qwZ: stage 3's layer gather in int8 blocks
@@ -26,13 +27,14 @@ from functools import partial
 from .blocks import FLT_MIN, Quantizer
 from .collectives import QuantizedCollectives
 from .gather import SCALES, scales_ring_bytes
-from .reduce import alltoall_elements, owner_words
+from .reduce import alltoall_elements, hop_slots, owner_words
 
 __all__ = ["Quantizer", "FLT_MIN", "SCALES", "QuantizedCollectives", "quantized_collectives", "scales_ring_bytes",
-           "alltoall_elements", "owner_words"]
+           "alltoall_elements", "hop_slots", "owner_words"]
 
 
-def quantized_collectives(weights=None, grads=None):
+def quantized_collectives(weights=None, grads=None, node_size=None):
     """start_collectives for build_engine: comm -> Collectives whose parameter gathers are qwZ's
-    (weights: a Quantizer) and whose gradient reduce-scatters are qgZ's (grads)."""
-    return partial(QuantizedCollectives, weights=weights, grads=grads)
+    (weights: a Quantizer) and whose gradient reduce-scatters are qgZ's (grads), in two hops across
+    nodes of node_size ranks in blocks (None: one)."""
+    return partial(QuantizedCollectives, weights=weights, grads=grads, node_size=node_size)

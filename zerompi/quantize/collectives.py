@@ -11,6 +11,11 @@ shared by both, which never run at once (no --overlap here):
     scales_out, scales_in   (N k,) float32
     scratch                 the quantizer's (blocks.py)
     total, part             (n,) compute dtype: qgZ's sum of the dequantized contributions
+    node_sum                (N/L n,) compute dtype: with two hops, the node's sums (reduce.py)
+
+qgZ's two hops (node_size L, 1 < L < N) run on two more communicators, split once here: the L
+ranks of this rank's node (rank // L) and the N / L ranks of its local index on every node
+(rank % L), both recording into the world's ledger.
 """
 from ..collectives import Collectives
 from ..ledger import GRADS
@@ -19,10 +24,20 @@ from .reduce import quantized_reduce_scatter
 
 
 class QuantizedCollectives(Collectives):
-    def __init__(self, comm, weights=None, grads=None):
-        """weights, grads: the Quantizer of qwZ and of qgZ, or None (exact)."""
+    def __init__(self, comm, weights=None, grads=None, node_size=None):
+        """weights, grads: the Quantizer of qwZ and of qgZ, or None (exact); node_size: L ranks per
+        node in blocks, for qgZ's two hops (None: one all-to-all over every rank). Collective."""
         super().__init__(comm)
         self.weights, self.grads = weights, grads
+        self.node_comm = self.cross_comm = None
+        if grads is not None and node_size and 1 < node_size < comm.size:
+            self.node_comm = comm.split(lambda rank: rank // node_size)
+            self.cross_comm = comm.split(lambda rank: rank % node_size)
+
+    @property
+    def node_size(self):
+        """L when qgZ reduces in two hops over nodes of L ranks (reduce.py), else None."""
+        return self.node_comm.size if self.node_comm is not None else None
 
     def reserve(self, memory, layout, precision):
         N, n = self.size, layout.max_layer_padded // layout.num_ranks
@@ -37,6 +52,8 @@ class QuantizedCollectives(Collectives):
         if self.grads is not None:
             self.grads_out, self.grads_in = (b.view(self.grads.wire_dtype) for b in (self.levels_out, self.levels_in))
             self.total, self.part = work("total", (n,), precision.compute), work("part", (n,), precision.compute)
+        if self.node_comm is not None:
+            self.node_sum = work("node_sum", (self.cross_comm.size * n,), precision.compute)
 
     def layer_gather(self, buffers, shard_of):
         if self.weights is None:

@@ -14,21 +14,26 @@ and lets each owner sum the contributions it receives in full precision:
     (w = n bytes of int8 levels; int4 packs two to a byte, w = ceil(n / 2) uint8: blocks.py)
 
 Each rank sends (N-1)/N of its layer as one byte per element with int8, half a byte with int4 (a
-reduce-scatter of float32 sends 4), plus 4 bytes per block. The blocks are laid as the quantizer lays them (blocks.py): inside
-each owner's shard of the layer.
+reduce-scatter of float32 sends 4), plus 4 bytes per block. The blocks are laid as the quantizer
+lays them (blocks.py): inside each owner's shard of the layer.
+
+Across M nodes of L ranks (block placement, 1 < L < N), two hops, so that what crosses the nodes
+is one quantized sum per node instead of every rank's contribution:
+
+    hop 1, inside the node (L ranks)    rank (a, p) sends its local peer q the blocks of the M
+                                        owners b L + q (b = 0..M-1), each quantized once; q sums
+                                        the L dequantized contributions in the compute dtype:
+                                        node_sum (M n,) = node a's sum for those M owners
+    hop 2, between nodes (M ranks of    node a's rank q sends node b's rank q (owner b L + q) its
+    one local index q)                  block of node_sum, quantized once; the owner sums the M
+                                        nodes' dequantized sums, in node order
+
+    a rank's words per micro-batch: (L-1) M w inside its node, (M-1) w to other nodes (one hop:
+    (L-1) w and (N-L) w; N - 1 slots of w either way): L times fewer cross the nodes, for two
+    quantizations of each value
 """
 from ..ledger import GRADS
 from .gather import SCALES
-
-
-def alltoall_elements(per_owner, micro_batches, node_of_rank):
-    """[[intra-node, inter-node] words each rank sends per step] in qgZ's all-to-alls: M times a
-    block of `per_owner` words to each other rank (Psi / N with int8; the packed bytes with int4,
-    sum_u ceil(n_u / 2) exactly, Psi / 2N about) (the formula beside the ledger, whose all-to-all
-    records split the same way: zerompi/nodes.py's share_to_other_nodes)."""
-    N, block = len(node_of_rank), micro_batches * per_owner
-    return [[block * (node_of_rank.count(node) - 1), block * (N - node_of_rank.count(node))]
-            for node in node_of_rank]
 
 
 def owner_words(quantizer, layout):
@@ -37,20 +42,63 @@ def owner_words(quantizer, layout):
     return sum(quantizer.wire_numel(layer.shard_size) for layer in layout.layers)
 
 
+def hop_slots(node_of_rank, node_size=None):
+    """[[intra-node, inter-node] slots (one owner's shard of every layer) each rank sends per
+    micro-batch]: one to each other rank, or with two hops (node_size L, M = N / L nodes) M (L-1)
+    inside the node and M - 1 between nodes, N - 1 either way (zerompi/nodes.py's
+    share_to_other_nodes splits the ledger's all-to-all records the same way)."""
+    N = len(node_of_rank)
+    if node_size:
+        nodes = N // node_size
+        return [[nodes * (node_size - 1), nodes - 1]] * N
+    return [[node_of_rank.count(node) - 1, N - node_of_rank.count(node)] for node in node_of_rank]
+
+
+def alltoall_elements(per_owner, micro_batches, node_of_rank, node_size=None):
+    """[[intra-node, inter-node] words each rank sends per step] in qgZ's all-to-alls: M hop_slots
+    of `per_owner` words (Psi / N with int8; the packed bytes with int4, sum_u ceil(n_u / 2)
+    exactly, about Psi / 2N): the formula beside the ledger."""
+    return [[micro_batches * per_owner * slots for slots in pair] for pair in hop_slots(node_of_rank, node_size)]
+
+
 def quantized_reduce_scatter(collectives, full, shard, accumulate):
     """shard (n,) <- (+=, accumulate) sum over ranks r of dequantize(quantize(rank r's block of
-    full (N n,) for this rank))."""
-    c, quantizer = collectives, collectives.grads
-    N, n, k, w = c.size, shard.size, quantizer.blocks(shard.size), quantizer.wire_numel(shard.size)
-    for r in range(N):                               # this rank's contribution to owner r
-        quantizer.quantize(full[r * n:(r + 1) * n], c.grads_out[r * w:(r + 1) * w],
-                           c.scales_out[r * k:(r + 1) * k], c.scratch)
-    levels, scales = c.grads_in[:N * w], c.scales_in[:N * k]
-    c.comm.alltoall(c.grads_out[:N * w], levels, GRADS)
-    c.comm.alltoall(c.scales_out[:N * k], scales, SCALES)
-    total, part = c.total[:n], c.part[:n]
+    full (N n,) for this rank)); with two hops (collectives.node_comm), the sum over nodes of
+    dequantize(quantize(the node's sum of its ranks' dequantized blocks))."""
+    c, n = collectives, shard.size
+    total = c.total[:n]
+    if c.node_comm is None:
+        exchange(c, c.comm, [full[r * n:(r + 1) * n] for r in range(c.size)])
+    else:
+        L, M = c.node_comm.size, c.cross_comm.size
+        exchange(c, c.node_comm, [full[(b * L + q) * n:(b * L + q + 1) * n] for q in range(L) for b in range(M)])
+        node_sum = c.node_sum[:M * n]
+        node_sum[...] = 0
+        for q in range(L):                           # local peer q's contributions, in rank order
+            for b in range(M):
+                add_received(c, q * M + b, node_sum[b * n:(b + 1) * n])
+        exchange(c, c.cross_comm, [node_sum[b * n:(b + 1) * n] for b in range(M)])
     total[...] = shard if accumulate else 0
-    for r in range(N):                               # rank r's contribution to this rank's shard
-        quantizer.dequantize(levels[r * w:(r + 1) * w], scales[r * k:(r + 1) * k], part, c.scratch)
-        total += part
+    for r in range(c.comm.size if c.node_comm is None else c.cross_comm.size):
+        add_received(c, r, total)                    # rank r's (node r's) contribution to this shard
     shard[...] = total
+
+
+def exchange(c, comm, blocks):
+    """Quantize the blocks (each (n,)), the i-th into the i-th slot of the send buffers, and
+    all-to-all their levels and scales over comm (len(blocks) / comm.size slots to each rank)."""
+    quantizer, n = c.grads, blocks[0].size
+    k, w, count = quantizer.blocks(n), quantizer.wire_numel(n), len(blocks)
+    for i, block in enumerate(blocks):
+        quantizer.quantize(block, c.grads_out[i * w:(i + 1) * w], c.scales_out[i * k:(i + 1) * k], c.scratch)
+    comm.alltoall(c.grads_out[:count * w], c.grads_in[:count * w], GRADS)
+    comm.alltoall(c.scales_out[:count * k], c.scales_in[:count * k], SCALES)
+
+
+def add_received(c, i, out):
+    """out (n,) += the i-th received slot, dequantized (in the compute dtype)."""
+    quantizer, n = c.grads, out.size
+    k, w = quantizer.blocks(n), quantizer.wire_numel(n)
+    part = c.part[:n]
+    quantizer.dequantize(c.grads_in[i * w:(i + 1) * w], c.scales_in[i * k:(i + 1) * k], part, c.scratch)
+    out += part

@@ -95,8 +95,9 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping, move
     # [intra-node, inter-node] elements of each rank per step, and their sum (the same on every rank)
     qgz = engine.stage.collectives.grads if isinstance(engine.stage.collectives, QuantizedCollectives) else None
     owner = (psi / n * qgz.bits / 8, owner_words(qgz, layout)) if qgz else (None, None)   # at Psi, Psi_pad
+    hops = engine.stage.collectives.node_size if qgz else None
     split = [formula_split(grouping.ring_collectives(stage, num, n, micro_batches), comm.node_of_rank,
-                           alltoall_elements(words, micro_batches, comm.node_of_rank) if qgz else None)
+                           alltoall_elements(words, micro_batches, comm.node_of_rank, hops) if qgz else None)
              for num, words in zip((psi, psi_pad), owner)]
     return {
         "stage": stage, "ranks": n, "steps": steps, "dtype": engine.stage.precision.name,
@@ -122,10 +123,10 @@ def quantized(collectives, layout, micro_batches, grouping):
     gathers of every layer (M with hpZ) and M quantized reductions; {} without either."""
     if not isinstance(collectives, QuantizedCollectives):
         return {}
-    weights, grads = collectives.weights, collectives.grads
+    weights, grads, hops = collectives.weights, collectives.grads, collectives.node_size
     gathers = micro_batches * (1 if grouping.hpz_node_size else 2) if weights else 0
-    calls = [(gathers, weights), (micro_batches if grads else 0, grads)]
-    return {"quantize_block": (weights or grads).block,
+    calls = [(gathers, weights), (micro_batches if grads else 0, grads)]    # two hops send N - 1 slots too
+    return {"quantize_block": (weights or grads).block, "two_hops_node_size": hops,
             "quantized": [f"{name} as int{q.bits}" for name, q in (("parameters", weights), ("gradients", grads)) if q],
             "scales_formula_bytes_per_step": sum(n * scales_ring_bytes(layout, q) for n, q in calls if n)}
 
@@ -208,6 +209,8 @@ def format_table(report):
     if "quantize_block" in r:
         scales = {format_bytes(row["scales_bytes"]) for row in r["per_rank"]}
         per = "half a byte per element, counted in bytes" if "int4" in quantized else "a byte per element"
+        if r.get("two_hops_node_size"):
+            per += f"; the gradients in two hops, inside each node of {r['two_hops_node_size']} ranks, then between nodes"
         lines.append(f"     ZeRO++: {' and '.join(r['quantized'])} ({per}) with float32 scales, one per "
                      f"block of {r['quantize_block']} (counted in bytes, calls and MPI time): "
                      f"{' / '.join(sorted(scales))} of scales per rank (formula "
