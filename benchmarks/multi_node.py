@@ -94,7 +94,7 @@ class Variant:
 BASELINE = Variant("flat3", "flat stage 3", 3)
 VARIANTS = {v.key: v for v in (BASELINE, Variant("hpz3", "hpZ stage 3", 3, hpz=True),
                                Variant("qwz3", "qwZ stage 3", 3, qwz=True), Variant("qgz3", "qgZ stage 3", 3, qgz=True),
-                               Variant("qgz3hop", "qgZ one hop stage 3", 3, qgz=True, one_hop=True),
+                               Variant("qgz3hop", "qgZ 1 hop stage 3", 3, qgz=True, one_hop=True),
                                Variant("zeropp3", "ZeRO++ stage 3", 3, hpz=True, qwz=True, qgz=True),
                                Variant("hybrid3", "hybrid stage 3", 3, hybrid=True),
                                Variant("hybrid2", "hybrid stage 2", 2, hybrid=True),
@@ -263,12 +263,12 @@ def print_table(out):
     print(f"\nMB per step that the busiest node sent to other nodes: the ledger (ring model), the formula, "
           f"and {a['iface']}'s tx counter (every byte on the wire);\n"
           f"Mbit/s = wire tx / step time; the ratios are to flat stage 3")
-    print("variant          step ms |   ledger  formula  wire tx  tx/ledger   Mbit/s | step  ledger formula wire")
+    print("variant            step ms |   ledger  formula  wire tx  tx/ledger   Mbit/s | step  ledger formula wire")
     for v in out["variants"].values():
         ledger, formula = max(v["ledger_inter_bytes_per_node"]), max(v["formula_inter_bytes_per_node"])
         wire = max(v["wire_tx_bytes_per_node"]) if v["wire_tx_bytes_per_node"] else None
         rate = f"{8 * v['wire_bytes_per_s'] / 1e6:8.0f}" if v["wire_bytes_per_s"] else "       -"
-        print(f"{v['label']:<16} {1e3 * v['step_s']:8.1f} | {mb(ledger)} {mb(formula)} {mb(wire)} "
+        print(f"{v['label']:<18} {1e3 * v['step_s']:8.1f} | {mb(ledger)} {mb(formula)} {mb(wire)} "
               f"{ratio(wire / ledger if wire and ledger else None):>10} {rate} |{ratio(v['step_ratio'])}"
               f"{ratio(v['ledger_inter_bytes_ratio'])}{ratio(v['formula_inter_bytes_ratio'])}"
               f"{ratio(v['wire_tx_bytes_ratio'])}")

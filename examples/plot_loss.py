@@ -10,11 +10,10 @@ file's per-step loss. Every stage computes the same AdamW step, so the four curv
 each other; the legend gives the largest difference from stage 0's loss (float32 rounding: the
 stages add the ranks' gradients in different orders).
 """
-import argparse
 import os
 import tempfile
 
-from zerompi_runs import FIGURES, finish_figure, pyplot, read_jsonl, train
+from zerompi_runs import FIGURES, figure_args, finish_figure, pyplot, read_jsonl, train
 
 DEFAULT_OUT = os.path.join(FIGURES, "loss_curves.png")
 
@@ -50,11 +49,7 @@ def plot(losses, num_ranks, out):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--out", default=DEFAULT_OUT, help="the PNG to write (default: %(default)s)")
-    args = parser.parse_args()
+    args = figure_args(__doc__, DEFAULT_OUT)
     with tempfile.TemporaryDirectory() as folder:
         losses = run_stages(args.ranks, args.steps, folder)
     plot(losses, args.ranks, args.out)

@@ -3,6 +3,7 @@
     train(n, *flags, cwd=None)   -> the run's stdout (check=True: a failed run raises, with its stderr)
     report(n, *flags)            -> the JSON end-of-run report (--report json) as a dict
     read_jsonl(path)             -> the --metrics file as a list of dicts, one per step
+    figure_args(doc, out)        -> --ranks, --steps and --out of an example that draws runs
     pyplot()                     -> matplotlib.pyplot, drawing to files, text sized to be read
     save_figure(fig, out, data)  -> the PNG at out (its folder created), FIGURE_DPI dots per inch,
                                     and beside it OUT.json: the command, the date, the data drawn
@@ -53,6 +54,16 @@ def report(num_ranks, *flags, cwd=None):
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def figure_args(doc, default_out, ranks=4, steps=150):
+    """--ranks, --steps and --out of an example that draws runs (its docstring's first line: --help's)."""
+    import argparse
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=ranks)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--out", default=default_out, help="the PNG to write (default: %(default)s)")
+    return parser.parse_args()
 
 
 def pyplot():

@@ -23,7 +23,7 @@ and taken down after. A mark that is not followed by its block is an error, not 
 
 What the check compares: the page's sample and a fresh run's, both with what depends on the
 machine masked: times (a number and its unit; "/step" and the words around stay), the training's
-loss, accuracy and gradient norm; with mask=rss the resident memory at the end of a line (the
+loss, accuracy, gradient norm and --quant-error's errors; with mask=rss the resident memory at the end of a line (the
 report's peak RSS), with mask=available the memory a refusal found available and the stages it
 names as fitting in it, with mask=here the dry run's verdict on this machine (its paragraph).
 Everything else must be equal: counts, bytes, formulas, headers and table layouts. Benchmark
@@ -48,7 +48,8 @@ TIMEOUT = 600
 LEFT_OUT = shutil.ignore_patterns(".git", ".venv*", "runs", "build", "*.egg-info", "__pycache__", ".pytest_cache")
 MASKS = {                                   # name: what varies with the machine (always, or where asked)
     "time": re.compile(r"\s*\b\d+(?:\.\d+)? *(?:ms|us|µs|s)\b|\s*\b\d+:\d\d\b"),
-    "training": re.compile(r"(?<=loss )[\d.e+-]+|(?<=acc )[\d.]+%|(?<=\|g\| )[\d.e+-]+|(?<=accuracy )[\d.]+%"),
+    "training": re.compile(r"(?<=loss )[\d.e+-]+|(?<=acc )[\d.]+%|(?<=\|g\| )[\d.e+-]+|(?<=accuracy )[\d.]+%"
+                           r"|(?<=weights )[\d.]+% \([\d.]+%\)|(?<=gradients )[\d.]+% \([\d.]+%\)"),   # --quant-error
     "rss": re.compile(r"\s*\b\d+(?:\.\d+)? [kMG]B$", re.MULTILINE),
     "available": re.compile(r"\s*\b\d+(?:\.\d+)? [kMGT]B(?= available)|(?<=already\): ).*?(?= fits? on )"),
     "here": re.compile(r"(?<=^here, ).*(?:\n.+)*", re.MULTILINE),       # the verdict, to its blank line

@@ -48,14 +48,6 @@ def sends_across_nodes(node_of_rank, rank):
     return node_of_rank[rank] != node_of_rank[(rank + 1) % len(node_of_rank)]
 
 
-def block_node_size(node_of_rank):
-    """L when every node holds L consecutive ranks (block placement: rank r on node r // L), else
-    None."""
-    size = node_of_rank.count(node_of_rank[0])
-    blocks = len(node_of_rank) % size == 0 and all(node == rank // size for rank, node in enumerate(node_of_rank))
-    return size if blocks else None
-
-
 def share_to_other_nodes(node_of_rank, rank):
     """The share of `rank`'s all-to-all blocks (one to each other rank) that go to another node."""
     others = len(node_of_rank) - 1

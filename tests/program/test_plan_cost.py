@@ -412,21 +412,24 @@ def test_quantized_gathers_cost_their_int8_bytes_and_the_quantizers_passes():
         0.75 * (sum(padded) * 4 - sum(padded) - scales))                # (N-1)/N of the bytes saved
 
 
-def test_quantized_reductions_cost_their_int8_all_to_alls_and_the_quantizers_passes():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_reductions_cost_their_all_to_alls_and_the_quantizers_passes(bits):
     """qgZ at N = 4, stage 2: each of the 3 layers' reductions becomes an all-to-all of the layer's
-    int8 levels (priced as an all-gather of that buffer) and one of its scales, quantizing the layer
-    (48 bytes per element) and dequantizing and adding its N contributions (24)."""
+    int8 levels (int4: packed, half the bytes; priced as an all-gather of that buffer) and one of its
+    scales, quantizing the layer (48 bytes per element) and dequantizing and adding its N
+    contributions (24)."""
     from zerompi.quantize import Quantizer
-    sizes, quantizer = (64, 600, 600, 10), Quantizer(8, 128)
+    sizes, quantizer = (64, 600, 600, 10), Quantizer(bits, 128)
     exact = plan_run(RunShape(sizes, 2, FP32, 16, 4))
     plan = plan_run(RunShape(sizes, 2, FP32, 16, 4, grads_quantizer=quantizer))
     machine = cluster_machine(1.0, 1e-9, intra=(1e-9, 0.0))
     padded = [c.nbytes // 4 for c in exact.calls if c.op == REDUCE_SCATTER]
-    assert step_cost(plan, machine).elementwise_s == pytest.approx(
-        step_cost(exact, machine).elementwise_s + sum(p * (48 + 24) for p in padded))
+    levels = sum(4 * -(-(p // 4) // (8 // bits)) for p in padded)       # 4 owners' shards, packed
+    assert step_cost(plan, machine).elementwise_s == pytest.approx(     # int4: an odd shard's pair priced whole
+        step_cost(exact, machine).elementwise_s + levels * (8 // bits) * (48 + 24))
     scales = sum(4 * quantizer.blocks(p // 4) * 4 for p in padded)
     assert step_cost(exact, machine).comm_s - step_cost(plan, machine).comm_s == pytest.approx(
-        0.75 * (sum(padded) * 4 - sum(padded) - scales))
+        0.75 * (sum(padded) * 4 - levels - scales))
 
 
 @pytest.mark.mpi(min_size=2)

@@ -49,11 +49,32 @@ def test_the_default_digits_train_past_95_percent_and_the_scales_are_their_formu
                                           ((*QGZ, "--stage", "1"), "--quantize-grads is stages 2 and 3's"),
                                           ((*QGZ, "--overlap"), "--quantize-grads is stages 2 and 3's"),
                                           ((*QGZ, "--shard-group", "1"), "--quantize-grads is stages 2 and 3's"),
-                                          ((*QGZ, "--device", "gpu", "--comm", "nccl"), "--quantize-grads is stages 2 and 3's")])
+                                          ((*QGZ, "--device", "gpu", "--comm", "nccl"), "--quantize-grads is stages 2 and 3's"),
+                                          (("--quant-error",), "--quant-error measures --quantize-weights and")])
 def test_quantization_is_refused_with_one_line_where_it_does_not_exist(tmp_path, flags, words):
     run = launch(2, *FLAGS, "--steps", 1, *flags, cwd=tmp_path)
     errors = [line for line in run.output.splitlines() if ERROR_MARK in line]
     assert run.returncode == ExitCode.BAD_INPUT and len(errors) == 1 and words in errors[0], run.describe()
+
+
+def test_quant_error_records_every_steps_errors_and_the_report_sums_them_up(tmp_path):
+    """--quant-error: every --metrics record carries the step's two errors, TensorBoard's tags come from
+    them, the report prints their mean and max over the steps; int4 gradients err more than int8
+    weights, and the weights are bitwise those of the run that does not measure."""
+    from zerompi.train.outputs.tensorboard import scalars
+    flags = (*FLAGS, *QWZ, "--quantize-grads", "int4", "--quant-block", "256", "--steps", 8)
+    run = train_ok(2, *flags, "--quant-error", "--metrics", tmp_path / "m.jsonl", "--report", "table",
+                   "--save-weights", tmp_path / "measured.npz", cwd=tmp_path)
+    train_ok(2, *flags, "--save-weights", tmp_path / "plain.npz", cwd=tmp_path)
+    records = [json.loads(text) for text in (tmp_path / "m.jsonl").read_text().splitlines()]
+    errors = [r["quant_error"] for r in records]
+    assert len(errors) == 8 and all(0 < e["weights"] < 0.05 and e["weights"] < e["grads"] < 1 for e in errors)
+    assert {"quant_error/weights", "quant_error/grads"} <= {tag for tag, _ in scalars(records[0])}
+    (line,) = [line for line in run.output.splitlines() if "--quant-error" in line]
+    mean = sum(e["grads"] for e in errors) / len(errors)
+    assert f"the reduced gradients {mean:.3%} ({max(e['grads'] for e in errors):.3%})" in line, line
+    plain, measured = load_weights(tmp_path / "plain.npz"), load_weights(tmp_path / "measured.npz")
+    assert all(np.array_equal(plain[k], measured[k]) for k in plain)
 
 
 def test_checkpoints_hold_the_exact_weights_and_resume_with_or_without_quantization(tmp_path):

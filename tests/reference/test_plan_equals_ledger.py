@@ -17,8 +17,7 @@ from zerompi.offload import FileTier, OffloadedAdamConfig
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_run
 from zerompi.precision import precision_for
-from zerompi.nodes import block_node_size
-from zerompi.quantize import Quantizer
+from zerompi.quantize import Quantizer, two_hop_node_size
 
 SIZES = [12, 37, 53, 7]   # a layer of 481 elements: a padded shard at every N > 1
 STEPS = 2
@@ -44,19 +43,20 @@ def ledger_rows(ledger, times=1):
 
 
 def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_params=None, quantizer=None,
-          grads_quantizer=None):
+          grads_quantizer=None, quant_error=False):
     comm = Communicator()
     adam = OffloadedAdamConfig(tier=offload, param_tier=offload_params) if offload else None
     batches = make_batches(SIZES, STEPS, rows=24 * micro_batches)
     config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
     engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
                                  overlap=config, grouping=grouping, adam=adam, quantizer=quantizer,
-                                 grads_quantizer=grads_quantizer, grads_node_size=block_node_size(comm.node_of_rank))
+                                 grads_quantizer=grads_quantizer, grads_node_size=two_hop_node_size(comm.node_of_rank),
+                                 quant_error=quant_error)
     assert all(r.applied for r in results)
     engine.stage.finish_communication()          # --overlap: the last step's all-gathers recorded
     shape = RunShape(tuple(SIZES), stage, precision_for(dtype), 24 // comm.size, comm.size, micro_batches,
                      grouping, config, comm.node_of_rank, offload=offload, offload_params=offload_params,
-                     weights_quantizer=quantizer, grads_quantizer=grads_quantizer)
+                     weights_quantizer=quantizer, grads_quantizer=grads_quantizer, quant_error=quant_error)
     plan = plan_run(shape, comm.rank)
     assert plan.buffers == engine.memory.buffers
     assert plan.bytes_by_kind == engine.memory.bytes_by_kind
@@ -115,8 +115,10 @@ def test_plan_equals_the_ledgers_of_a_run_with_quantized_weights(dtype, tmp_path
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_plan_equals_the_ledgers_of_a_run_with_quantized_gradients(dtype):
     """qgZ at stages 2 and 3, and with qwZ flat and with hpZ at every node size (full ZeRO++): its
-    all-to-alls planned as the run makes them (int4's packed bytes at stage 2)."""
+    all-to-alls planned as the run makes them (int4's packed bytes at stage 2; --quant-error's exact
+    calls and buffers beside them)."""
     quantizer = Quantizer(8, 16)
     check(2, dtype, 2, False, FLAT, grads_quantizer=Quantizer(4, 16))
+    check(3, dtype, 2, False, FLAT, quantizer=quantizer, grads_quantizer=Quantizer(4, 16), quant_error=True)
     for grouping in [FLAT] + [g for g in groupings(WORLD.size) if g.hpz_node_size]:
         check(3, dtype, 2, False, grouping, quantizer=quantizer, grads_quantizer=quantizer)

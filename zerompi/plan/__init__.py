@@ -27,10 +27,9 @@ from ..adam import AdamConfig
 from ..engine import build_engine
 from ..hierarchy import FLAT, hierarchy_for
 from ..ledger import METRICS
-from ..nodes import block_node_size
 from ..offload import FileTier, OffloadedAdamConfig, OffloadedStage3
 from ..overlap import OverlapConfig
-from ..quantize import quantized_collectives
+from ..quantize import quantized_collectives, two_hop_node_size
 from .virtual import PlannedCommunicator, VirtualDevice
 
 
@@ -53,14 +52,15 @@ class RunShape:
     offload_params: object = None    # where stage 3's parameter shard lives (the same tiers)
     weights_quantizer: object = None  # qwZ's Quantizer (zerompi/quantize/); None: exact all-gathers
     grads_quantizer: object = None    # qgZ's; None: exact reduce-scatters
+    quant_error: bool = False         # their error measured each step beside exact calls (--quant-error)
 
     @property
     def start_collectives(self):
         """build_engine's: the overlap's (zerompi/overlap/), or qwZ's and qgZ's (zerompi/quantize/)."""
         if self.weights_quantizer is None and self.grads_quantizer is None:
             return self.overlap.start
-        nodes = block_node_size(self.node_of_rank) if self.node_of_rank else None    # qgZ's two hops
-        return quantized_collectives(self.weights_quantizer, self.grads_quantizer, nodes)
+        nodes = two_hop_node_size(self.node_of_rank) if self.node_of_rank else None    # qgZ's two hops
+        return quantized_collectives(self.weights_quantizer, self.grads_quantizer, nodes, self.quant_error)
 
     @property
     def num_params(self):

@@ -18,6 +18,7 @@ quantize what is sent:
     gather.py       qwZ: stage 3's layer gather in int8 blocks
     reduce.py       qgZ: the gradient reduce-scatter as an all-to-all of int8 or int4 blocks
     collectives.py  QuantizedCollectives: the Collectives whose gather and reduce-scatter are those
+    error.py        --quant-error: each step's error against the exact calls, run beside them
 
 `quantized_collectives(weights, grads)` is what zerompi/engine.py's build_engine takes as its
 `start_collectives`; the stage files do not change.
@@ -26,15 +27,16 @@ from functools import partial
 
 from .blocks import FLT_MIN, Quantizer
 from .collectives import QuantizedCollectives
+from .error import QUANT_ERROR
 from .gather import SCALES, scales_ring_bytes
-from .reduce import alltoall_elements, hop_slots, owner_words
+from .reduce import alltoall_elements, hop_slots, owner_words, two_hop_node_size
 
-__all__ = ["Quantizer", "FLT_MIN", "SCALES", "QuantizedCollectives", "quantized_collectives", "scales_ring_bytes",
-           "alltoall_elements", "hop_slots", "owner_words"]
+__all__ = ["Quantizer", "FLT_MIN", "SCALES", "QUANT_ERROR", "QuantizedCollectives", "quantized_collectives", "scales_ring_bytes",
+           "alltoall_elements", "hop_slots", "owner_words", "two_hop_node_size"]
 
 
-def quantized_collectives(weights=None, grads=None, node_size=None):
+def quantized_collectives(weights=None, grads=None, node_size=None, error=False):
     """start_collectives for build_engine: comm -> Collectives whose parameter gathers are qwZ's
     (weights: a Quantizer) and whose gradient reduce-scatters are qgZ's (grads), in two hops across
-    nodes of node_size ranks in blocks (None: one)."""
-    return partial(QuantizedCollectives, weights=weights, grads=grads, node_size=node_size)
+    nodes of node_size ranks in blocks (None: one); error: each step's error measured (error.py)."""
+    return partial(QuantizedCollectives, weights=weights, grads=grads, node_size=node_size, error=error)

@@ -12,6 +12,7 @@ shared by both, which never run at once (no --overlap here):
     scratch                 the quantizer's (blocks.py)
     total, part             (n,) compute dtype: qgZ's sum of the dequantized contributions
     node_sum                (N/L n,) compute dtype: with two hops, the node's sums (reduce.py)
+    error_*                 with --quant-error, the exact calls' buffers (error.py)
 
 qgZ's two hops (node_size L, 1 < L < N) run on two more communicators, split once here: the L
 ranks of this rank's node (rank // L) and the N / L ranks of its local index on every node
@@ -19,16 +20,19 @@ ranks of this rank's node (rank // L) and the N / L ranks of its local index on 
 """
 from ..collectives import Collectives
 from ..ledger import GRADS
+from .error import QuantizationError
 from .gather import QuantizedLayerGather
 from .reduce import quantized_reduce_scatter
 
 
 class QuantizedCollectives(Collectives):
-    def __init__(self, comm, weights=None, grads=None, node_size=None):
+    def __init__(self, comm, weights=None, grads=None, node_size=None, error=False):
         """weights, grads: the Quantizer of qwZ and of qgZ, or None (exact); node_size: L ranks per
-        node in blocks, for qgZ's two hops (None: one all-to-all over every rank). Collective."""
+        node in blocks, for qgZ's two hops (None: one all-to-all over every rank); error: measure
+        each step's error beside the exact calls (--quant-error, error.py). Collective."""
         super().__init__(comm)
         self.weights, self.grads = weights, grads
+        self.error = QuantizationError(comm) if error else None
         self.node_comm = self.cross_comm = None
         if grads is not None and node_size and 1 < node_size < comm.size:
             self.node_comm = comm.split(lambda rank: rank // node_size)
@@ -54,6 +58,8 @@ class QuantizedCollectives(Collectives):
             self.total, self.part = work("total", (n,), precision.compute), work("part", (n,), precision.compute)
         if self.node_comm is not None:
             self.node_sum = work("node_sum", (self.cross_comm.size * n,), precision.compute)
+        if self.error is not None:
+            self.error.reserve(memory, layout, precision)
 
     def layer_gather(self, buffers, shard_of):
         if self.weights is None:

@@ -49,6 +49,8 @@ class QuantizedLayerGather:
         for r in range(N):
             quantizer.dequantize(all_levels[r * n:(r + 1) * n], all_scales[r * k:(r + 1) * k],
                                  full[r * n:(r + 1) * n], c.scratch)
+        if c.error is not None:                      # --quant-error: the exact gather beside it (error.py)
+            c.error.weights(self.shard_of(layer), full)
         return full
 
     def drop(self):

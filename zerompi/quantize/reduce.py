@@ -8,7 +8,7 @@ and lets each owner sum the contributions it receives in full precision:
     rank r       full_r (padded,) = N blocks of n, one per owner; block j --quantize--> levels, scales
     all-to-all   rank j receives block j of every rank: levels (N w, int8)     purpose GRADS
                                                          scales (N k, float32)  purpose SCALES
-    owner j      shard_j = (shard_j +, after the first micro-batch) sum_r levels_r * scales_r,
+    owner j      shard_j = sum_r levels_r * scales_r (+ shard_j, after the first micro-batch),
                  summed in the compute dtype (float32; float64 in a float64 run), in rank order
 
     (w = n bytes of int8 levels; int4 packs two to a byte, w = ceil(n / 2) uint8: blocks.py)
@@ -34,6 +34,14 @@ is one quantized sum per node instead of every rank's contribution:
 """
 from ..ledger import GRADS
 from .gather import SCALES
+
+
+def two_hop_node_size(node_of_rank):
+    """L when every node holds L consecutive ranks (block placement: rank r on node r // L) and
+    1 < L < N: the nodes qgZ's two hops run over; else None (one all-to-all)."""
+    N, size = len(node_of_rank), node_of_rank.count(node_of_rank[0])
+    blocks = N % size == 0 and all(node == rank // size for rank, node in enumerate(node_of_rank))
+    return size if blocks and 1 < size < N else None
 
 
 def owner_words(quantizer, layout):
@@ -78,9 +86,15 @@ def quantized_reduce_scatter(collectives, full, shard, accumulate):
             for b in range(M):
                 add_received(c, q * M + b, node_sum[b * n:(b + 1) * n])
         exchange(c, c.cross_comm, [node_sum[b * n:(b + 1) * n] for b in range(M)])
-    total[...] = shard if accumulate else 0
+    total[...] = 0
     for r in range(c.comm.size if c.node_comm is None else c.cross_comm.size):
         add_received(c, r, total)                    # rank r's (node r's) contribution to this shard
+    if c.error is not None:                          # --quant-error: the exact sum beside it (error.py)
+        c.error.grads(full, total)
+    if accumulate:                                   # the micro-batches so far, added in the compute dtype
+        part = c.part[:n]
+        part[...] = shard
+        total += part
     shard[...] = total
 
 

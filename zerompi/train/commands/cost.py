@@ -196,13 +196,14 @@ def owned_elements(plan):
     return optimizer // int(plan.shape.precision.bytes_per_param().optimizer)
 
 
-def quantizer_passes(calls):
+def quantizer_passes(calls, grads_quantizer=None):
     """qwZ's and qgZ's bytes of memory traffic (zerompi/quantize/), from each quantized call's levels
-    (the call before its scales', one byte per element of the layer): a gather quantizes this
-    rank's shard and dequantizes the whole layer; a reduction quantizes the whole layer and
-    dequantizes (and adds) N contributions to the shard."""
+    (the call before its scales', one byte per element of the layer; qgZ's int4 two): a gather
+    quantizes this rank's shard and dequantizes the whole layer; a reduction quantizes the whole
+    layer and dequantizes (and adds) N contributions to the shard (each of its two hops, its part)."""
+    per_byte = 8 // grads_quantizer.bits if grads_quantizer else 1          # elements per byte of levels
     layers = [levels for levels, scales in zip(calls, calls[1:]) if scales.purpose == SCALES]
-    return sum(c.nbytes * (QUANTIZE_BYTES + DEQUANTIZE_BYTES) if c.op == ALLTOALL
+    return sum(c.nbytes * per_byte * (QUANTIZE_BYTES + DEQUANTIZE_BYTES) if c.op == ALLTOALL
                else c.nbytes / c.ranks * QUANTIZE_BYTES + c.nbytes * DEQUANTIZE_BYTES for c in layers)
 
 
@@ -227,7 +228,7 @@ def step_cost(plan, machine, page_cache_bytes=None):
         weights = sum(n_in * n_out for n_in, n_out in zip(sizes, sizes[1:]))
         reduced = sum(c.nbytes // 4 for c in plan.calls if c.op in (ALLREDUCE, REDUCE_SCATTER))
         elementwise += (micro * weights * WIDEN_WEIGHT_BYTES + reduced * WIDEN_REDUCE_BYTES) / machine.bandwidth
-    elementwise += quantizer_passes(plan.calls) / machine.bandwidth
+    elementwise += quantizer_passes(plan.calls, shape.grads_quantizer) / machine.bandwidth
     owned = owned_elements(plan)
     per_element = machine.adam_s.get(shape.precision.name)
     optimizer = owned * (per_element if per_element is not None

@@ -31,7 +31,7 @@ from ...cpu import CPU
 from ...util.exit_codes import ExitCode
 from ...util.inputs import printable
 from ...ledger import ALLGATHER, ALLREDUCE, ALLTOALL, FILE, GRADS, METRICS, MEMORY_KINDS, PARAMS, REDUCE_SCATTER
-from ...quantize import SCALES
+from ...quantize import QUANT_ERROR, SCALES
 from ...memory import MOST_RANKS, model_size_error, ring_traffic
 from ...mpi import first_number, launcher_rank
 from ...util.pipes import until_reader_leaves
@@ -137,7 +137,8 @@ def format_plans(chosen, plans, edge_plans, per_node):
     alltoall = (ALLTOALL,) if any(c.op == ALLTOALL for p in plans for c in p.calls) else ()   # --quantize-grads
     for op in (ALLREDUCE, REDUCE_SCATTER, ALLGATHER, *alltoall):
         lines.append(row(f"  {OP_NAMES[op]}s", [sum(c.op == op for c in p.calls) for p in plans]))
-    scales = (SCALES,) if any(SCALES in p.ledger.purposes() for p in plans) else ()    # --quantize-weights
+    scales = tuple(purpose for purpose in (SCALES, QUANT_ERROR)        # --quantize-*, --quant-error
+                   if any(purpose in p.ledger.purposes() for p in plans))
     for purpose in (GRADS, PARAMS, *scales, METRICS):
         lines.append(row(f"  ring {purpose}", [format_bytes(p.ledger.totals({purpose})[1]) for p in plans]))
     edge = edge_plans[0].rank

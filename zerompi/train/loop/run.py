@@ -158,8 +158,8 @@ def setup(cfg, comm, out):
 
 def start_metrics(cfg, comm, engine, restarts):
     """The per-step records and rank 0's sinks for them (--metrics, --tensorboard), or None when
-    neither is asked for. Collective: a sink rank 0 cannot open is bad input."""
-    if not (cfg.metrics or cfg.tensorboard):
+    neither is asked for (nor --quant-error's per-step sums). Collective: a sink rank 0 cannot open is bad input."""
+    if not (cfg.metrics or cfg.tensorboard or cfg.quant_error):
         return None
     sinks = []
     if comm.rank == 0:
@@ -168,7 +168,7 @@ def start_metrics(cfg, comm, engine, restarts):
     comm.check_all(next((sink.open_error for sink in sinks if sink.open_error), None))
     offload = engine.stage.adam if isinstance(engine.stage.adam, OffloadedAdamW) else None
     return StepMetrics(comm, engine.memory, cfg.log_every, cfg.steps, restarts, slurm_restarts(os.environ), sinks,
-                       offload)
+                       offload, engine.stage.collectives.error if cfg.quant_error else None)
 
 
 def train_loop(state, signals):

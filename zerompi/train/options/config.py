@@ -132,6 +132,9 @@ class TrainConfig:
                                  "(ZeRO++'s qgZ; docs/quantization.md)", ZERO, choices=("none", "int8", "int4"))
     quant_block: int = option(2048, "elements per scale of --quantize-weights and --quantize-grads", ZERO,
                               metavar="ELEMENTS")
+    quant_error: bool = option(False, "each step, the relative L2 error of the quantized gathers and reductions "
+                               "against exact ones run beside them (in --metrics, TensorBoard, the report; "
+                               "costs an exact call per quantized one)", ZERO)
     offload_dir: str = option("", "the folder of the file tier's scratch files (one or two per rank, removed "
                               "however the run ends); may be node-local", ZERO, metavar="DIR")
     check_collectives: bool = option(False, "before each collective, check that every rank calls the same "

@@ -29,7 +29,8 @@ def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None, on_gpu=False, 
                     cfg.grad_accum, grouping, overlap_config(cfg), node_of_rank, bool(cfg.init_weights or cfg.resume),
                     cfg.collective_timeout > 0, offload_tier(cfg, on_gpu, rank),
                     offload_tier(cfg, on_gpu, rank, cfg.offload_params),
-                    quantizer(cfg.quantize_weights, cfg.quant_block), quantizer(cfg.quantize_grads, cfg.quant_block))
+                    quantizer(cfg.quantize_weights, cfg.quant_block), quantizer(cfg.quantize_grads, cfg.quant_block),
+                    cfg.quant_error)
 
 
 def quantizer(choice, block):

@@ -35,6 +35,9 @@ sinks write it: `--metrics FILE.jsonl` (MetricsFile, here: one JSON object per l
                          (stage 1-2 parameter all-gathers finish in the next step's forward; the
                          last step's after the loop, in no line), and its seconds are the
                          communication thread's, not time the step waited
+    quant_error          --quant-error: the step's relative L2 error of qwZ's gathered weights and
+                         of qgZ's reduced gradients against exact calls beside them, over every
+                         rank (zerompi/quantize/error.py; null for what is not quantized)
     offload              --offload-optimizer: rank 0's bytes moved between tiers in this step
                          (to_host, to_device, file_read, file_written; zerompi/offload/adam.py)
     memory               every rank's MemoryLedger total (all its allocated buffers) and OS peak RSS,
@@ -86,8 +89,10 @@ class StepMetrics:
     """Collective (at the steps that gather): measures each step into a record for the sinks
     (rank 0's; none on the other ranks)."""
 
-    def __init__(self, comm, memory, memory_every, last_step, restarts, slurm_restarts, sinks, offload=None):
+    def __init__(self, comm, memory, memory_every, last_step, restarts, slurm_restarts, sinks, offload=None,
+                 quant_error=None):
         self.comm, self.memory = comm, memory
+        self.quant_error = quant_error     # --quant-error's QuantizationError (zerompi/quantize/error.py), or None
         self.offload, self.moved_before = offload, None     # an OffloadedAdamW (zerompi/offload/), or None
         self.memory_every, self.last_step = memory_every, last_step
         self.run = {"restarts": restarts}
@@ -105,6 +110,7 @@ class StepMetrics:
         """Collective at the steps that gather; rank 0's sinks write the step's record."""
         comm = comm_delta(self.comm_before, comm_by_purpose(self.comm.ledger))
         ranks = self.gather_ranks(comm) if self.gather_due(step) else None
+        errors = self.quant_error.step_errors() if self.quant_error is not None else None   # collective
         if not self.sinks:
             return
         record = {"step": step, "time": time.time(), **self.run, "loss": finite_or_none(result.loss),
@@ -114,6 +120,8 @@ class StepMetrics:
         if self.offload is not None:           # waits for the step's last tile write
             moved = self.offload.moved()
             record["offload"] = {key: value - getattr(self.moved_before, key) for key, value in vars(moved).items()}
+        if errors is not None:
+            record["quant_error"] = dict(zip(("weights", "grads"), errors))
         if ranks is not None:
             record.update(ranks)
         for sink in self.sinks:

@@ -127,8 +127,20 @@ def quantized(collectives, layout, micro_batches, grouping):
     gathers = micro_batches * (1 if grouping.hpz_node_size else 2) if weights else 0
     calls = [(gathers, weights), (micro_batches if grads else 0, grads)]    # two hops send N - 1 slots too
     return {"quantize_block": (weights or grads).block, "two_hops_node_size": hops,
+            "quant_error": error_summary(collectives.error),
             "quantized": [f"{name} as int{q.bits}" for name, q in (("parameters", weights), ("gradients", grads)) if q],
             "scales_formula_bytes_per_step": sum(n * scales_ring_bytes(layout, q) for n, q in calls if n)}
+
+
+def error_summary(error):
+    """--quant-error's {kind: {mean, max}} of the steps' relative L2 errors, or None."""
+    if error is None or not error.steps:
+        return None
+    summary = {}
+    for kind, values in zip(("weights", "grads"), zip(*error.steps)):
+        if values[0] is not None:
+            summary[kind] = {"mean": sum(values) / len(values), "max": max(values)}
+    return summary
 
 
 def offloaded_kinds(everyone):
@@ -159,6 +171,9 @@ def _passes(stage, per_micro_batch):
         return f"{one}"
     a, b = 2 * one - two, two - one
     return f"{b}M" if a == 0 else f"({'' if b == 1 else b}M+{a})"
+
+
+WHAT = {"weights": "the gathered weights", "grads": "the reduced gradients"}
 
 
 def format_table(report):
@@ -215,6 +230,9 @@ def format_table(report):
                      f"block of {r['quantize_block']} (counted in bytes, calls and MPI time): "
                      f"{' / '.join(sorted(scales))} of scales per rank (formula "
                      f"{format_bytes(r['scales_formula_bytes_per_step'])}, 4 (N-1) ceil(n_u / B) per call on layer u)")
+    if r.get("quant_error"):
+        lines.append("     --quant-error, relative L2 error against the exact calls, mean (max) over the steps: " + ", ".join(
+            f"{WHAT[kind]} {e['mean']:.3%} ({e['max']:.3%})" for kind, e in r["quant_error"].items()))
     lines += ["", *format_node_split(r)]
     if offloaded:
         lines += ["", *format_tiers(r)]

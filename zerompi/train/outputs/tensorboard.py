@@ -7,6 +7,7 @@ Every step, at the step number and the record's wall-clock time:
     time/step_seconds  time/samples_per_second
     comm/<purpose>_bytes  comm/<purpose>_seconds       rank 0's, per purpose (grads, params, metrics; scales with --quantize-weights)
     offload/<move>_bytes                               --offload-optimizer: rank 0's bytes between tiers
+    quant_error/weights  quant_error/grads             --quant-error: the step's relative L2 errors
 
 At the steps that gather every rank's numbers (step 1, every --log-every steps, the last step),
 one value per rank r:
@@ -102,6 +103,7 @@ def scalars(record):
     for purpose, totals in record["comm"].items():
         out += [(f"comm/{purpose}_bytes", totals["bytes"]), (f"comm/{purpose}_seconds", totals["seconds"])]
     out += [(f"offload/{kind}_bytes", value) for kind, value in record.get("offload", {}).items()]
+    out += [(f"quant_error/{kind}", value) for kind, value in record.get("quant_error", {}).items() if value is not None]
     if "memory" in record:
         for kind in ("ledger_bytes", "peak_rss_bytes"):
             out += [(f"memory/{kind}/rank_{r}", v) for r, v in enumerate(record["memory"][kind])]
