@@ -205,7 +205,7 @@ def formula_inter_bytes(variant, collectives, layout, node_of_rank, bytes_per_pa
             inter[rank] += (1 if variant.hpz else 2) * scales * (successor != node_of_rank[rank])
         if variant.qgz:                                   # the levels and scales of each all-to-all
             crossing = hop_slots(list(node_of_rank), None if variant.one_hop else node_of_rank.count(0))[rank][1]
-            inter[rank] += crossing * (layout.full_numel / N + scales / (N - 1))
+            inter[rank] += crossing * (layout.full_numel / N + scales / max(N - 1, 1))
     return inter
 
 

@@ -39,7 +39,7 @@ BUILDS_ON = {
     "offload": (),
     "overlap": ("observe",),          # the call sites --check-collectives names
     "plan": ("hierarchy", "offload", "overlap", "quantize"),  # the run's engine, on buffers that take no memory
-    "quantize": (),
+    "quantize": ("hierarchy",),       # qgZ's two hops over the node groups
 }
 LAYERS = tuple(BUILDS_ON)
 

@@ -52,6 +52,9 @@ def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.
         labels = labels.reshape(micro_batches, comm.size, rows)[:, comm.rank]
         results.append(train_step(engine, list(zip(x, labels)), micro_batches * comm.size * rows,
                                   LR, loss_scale, max_grad_norm))
+        error = getattr(engine.stage.collectives, "error", None)      # --quant-error (zerompi/quantize/)
+        if error is not None:
+            error.step_errors()                                        # each step, as the program's metrics do
     return results
 
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 from ..memory import (flat_collectives, hpz_collectives, hpz_model_state_bytes, hybrid_collectives,
                       hybrid_model_state_bytes, model_state_bytes)
-from .groups import HybridSharding, Hpz
+from .groups import HybridSharding, Hpz, node_groups
 from ..util.words import counted
+
+__all__ = ["FLAT", "Grouping", "HybridSharding", "Hpz", "hierarchy_for", "node_groups"]
 
 
 @dataclass(frozen=True)

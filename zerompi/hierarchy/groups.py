@@ -50,12 +50,19 @@ def shard_group_error(group_size, num_ranks):
     return None
 
 
+def node_groups(comm, group_size):
+    """(the S consecutive ranks of this rank's group, rank // S; the R = N / S ranks of its place in
+    every group, rank % S): with S the ranks per node, the node and one rank of each node (also
+    zerompi/quantize/'s two hops). Collective."""
+    return comm.split(lambda rank: rank // group_size), comm.split(lambda rank: rank % group_size)
+
+
 class HybridSharding:
     """ZeRO inside groups of S consecutive ranks, data parallel across the R = N / S groups."""
 
     def __init__(self, comm, group_size):
-        self.shard_comm = comm.split(lambda rank: rank // group_size)      # S ranks: the stage's shards span it
-        self.replica_comm = comm.split(lambda rank: rank % group_size)     # R ranks: one of each group
+        # S ranks: the stage's shards span it; R ranks: one of each group
+        self.shard_comm, self.replica_comm = node_groups(comm, group_size)
         self.communicators = (self.shard_comm, self.replica_comm)
 
     @staticmethod

@@ -108,6 +108,8 @@ def plan_run(shape, rank=0, device=None):
     """plan_memory, and the collectives of one training step."""
     engine = build_planned_engine(shape, rank, device)
     step_collectives(engine, shape.micro_batches)
+    if shape.quant_error:                       # the run's per-step sum of the errors (zerompi/quantize/error.py)
+        engine.stage.collectives.error.step_errors()
     return _plan(engine, shape, rank, engine.comm.ledger, list(engine.comm.calls))
 
 

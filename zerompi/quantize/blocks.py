@@ -11,7 +11,8 @@ b bits, Q = 2^(b-1) - 1 levels each side (127 for int8, 7 for int4):
 
     so |x_i - x^_i| <= s / 2: half a step of its own block (float32 rounding aside), for finite
     values inside float32's range: an inf or a NaN makes its whole block NaN (as the training's
-    divergence check then reports); a block costs 4 bytes, so below B = 4 / (P - 1) (P bytes an
+    divergence check then reports; with int4 and an odd B, also its packed partner's value in the
+    next block); a block costs 4 bytes, so below B = 4 / (P - 1) (P bytes an
     exact element) the blocks send more than the exact values would
 
 On the wire int8 levels are one byte each; int4 levels are packed two to a byte, element 2i in the

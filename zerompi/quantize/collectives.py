@@ -14,11 +14,12 @@ shared by both, which never run at once (no --overlap here):
     node_sum                (N/L n,) compute dtype: with two hops, the node's sums (reduce.py)
     error_*                 with --quant-error, the exact calls' buffers (error.py)
 
-qgZ's two hops (node_size L, 1 < L < N) run on two more communicators, split once here: the L
-ranks of this rank's node (rank // L) and the N / L ranks of its local index on every node
-(rank % L), both recording into the world's ledger.
+qgZ's two hops (node_size L, 1 < L < N) run on two more communicators, split once here
+(zerompi/hierarchy/'s node_groups): the L ranks of this rank's node (rank // L) and the N / L
+ranks of its local index on every node (rank % L), both recording into the world's ledger.
 """
 from ..collectives import Collectives
+from ..hierarchy import node_groups
 from ..ledger import GRADS
 from .error import QuantizationError
 from .gather import QuantizedLayerGather
@@ -35,8 +36,7 @@ class QuantizedCollectives(Collectives):
         self.error = QuantizationError(comm) if error else None
         self.node_comm = self.cross_comm = None
         if grads is not None and node_size and 1 < node_size < comm.size:
-            self.node_comm = comm.split(lambda rank: rank // node_size)
-            self.cross_comm = comm.split(lambda rank: rank % node_size)
+            self.node_comm, self.cross_comm = node_groups(comm, node_size)      # zerompi/hierarchy/'s
 
     @property
     def node_size(self):
@@ -59,7 +59,7 @@ class QuantizedCollectives(Collectives):
         if self.node_comm is not None:
             self.node_sum = work("node_sum", (self.cross_comm.size * n,), precision.compute)
         if self.error is not None:
-            self.error.reserve(memory, layout, precision)
+            self.error.reserve(memory, layout, precision, self.weights is not None)
 
     def layer_gather(self, buffers, shard_of):
         if self.weights is None:

@@ -28,22 +28,26 @@ class QuantizationError:
     def __init__(self, comm):
         self.comm = comm
         self.sums = [0.0] * 4      # this rank's this step: weights' diff^2, exact^2; grads' diff^2, exact^2
-        self.steps = []            # (e_w, e_g) of every step so far (None: not quantized)
+        self.steps = []            # (e_w, e_g) of every step so far (None: not quantized, or not finite)
 
-    def reserve(self, memory, layout, precision):
+    def reserve(self, memory, layout, precision, weights):
+        """weights: whether qwZ's gathers are measured too (they need the exact gather's buffer)."""
         padded = layout.max_layer_padded
-        self.exact = memory.alloc("work", "quantize.error_exact", (padded,), precision.storage)
+        if weights:
+            self.exact = memory.alloc("work", "quantize.error_exact", (padded,), precision.storage)
         self.wide = memory.alloc("work", "quantize.error_wide", (padded,), precision.compute)
         self.other = memory.alloc("work", "quantize.error_other", (padded,), precision.compute)
-        self.totals = memory.alloc("work", "quantize.error_sums", (4,), "float64")
+        self.sum = memory.alloc("work", "quantize.error_square_sum", (1,), precision.compute)
+        self.totals = memory.alloc("work", "quantize.error_totals", (4,), "float64")
 
     def weights(self, shard, gathered):
         """gathered (padded,): qwZ's dequantized layer; shard: this rank's exact piece of it."""
         exact = self.exact[:gathered.size]
         self.comm.allgather(shard, exact, QUANT_ERROR)
-        wide, other = self.wide[:gathered.size], self.other[:gathered.size]
-        wide[...], other[...] = exact, gathered          # both in the compute dtype
-        self._add(0, wide, other)
+        wide, diff = self.wide[:gathered.size], self.other[:gathered.size]
+        wide[...], diff[...] = exact, gathered           # both in the compute dtype
+        np.subtract(diff, wide, out=diff)
+        self._add(0, diff, wide)
 
     def grads(self, full, reduced):
         """reduced (n,): qgZ's sum of this micro-batch's contributions to this rank's shard (the
@@ -51,21 +55,26 @@ class QuantizationError:
         wide, exact = self.wide[:full.size], self.other[:reduced.size]
         wide[...] = full
         self.comm.reduce_scatter_sum(wide, exact, QUANT_ERROR)
-        self._add(2, exact, reduced)
+        diff = self.wide[:reduced.size]                  # wide is used up
+        np.subtract(reduced, exact, out=diff)
+        self._add(2, diff, exact)
 
-    def _add(self, at, exact, approx):
-        """The sums at `at` += ||exact - approx||^2 and ||exact||^2 (exact is overwritten)."""
-        self.sums[at + 1] += float(np.dot(exact, exact))
-        np.subtract(exact, approx, out=exact)
-        self.sums[at] += float(np.dot(exact, exact))
+    def _add(self, at, diff, exact):
+        """The sums at `at` += ||diff||^2 and ||exact||^2 (both squared in place: ufuncs and a sum,
+        which a plan's buffers that hold nothing skip)."""
+        for i, x in ((at, diff), (at + 1, exact)):
+            np.multiply(x, x, out=x)
+            x.sum(keepdims=True, out=self.sum)
+            self.sums[i] += float(self.sum[0])
 
     def step_errors(self):
-        """Collective: this step's (e_w, e_g) over every rank (None for what is not quantized);
-        starts the next step's sums."""
+        """Collective: this step's (e_w, e_g) over every rank, None for what is not quantized or
+        not finite (a step whose gradient overflowed); starts the next step's sums."""
         for i, value in enumerate(self.sums):
             self.totals[i] = value
         self.comm.allreduce_sum(self.totals, QUANT_ERROR)
         d_w, e_w, d_g, e_g = (float(x) for x in self.totals)
         self.sums = [0.0] * 4
-        self.steps.append(tuple(math.sqrt(d / e) if e > 0 else None for d, e in ((d_w, e_w), (d_g, e_g))))
+        self.steps.append(tuple(math.sqrt(d / e) if 0 < e < math.inf and math.isfinite(d) else None
+                                for d, e in ((d_w, e_w), (d_g, e_g))))
         return self.steps[-1]

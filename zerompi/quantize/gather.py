@@ -40,8 +40,8 @@ class QuantizedLayerGather:
         a prefetching gather; this one gathers only what is asked."""
         c, quantizer = self.collectives, self.collectives.weights
         N, n, k = c.size, layer.shard_size, quantizer.blocks(layer.shard_size)
-        levels, scales = c.levels_out[:n], c.scales_out[:k]
-        quantizer.quantize(self.shard_of(layer), levels, scales, c.scratch)
+        levels, scales, shard = c.levels_out[:n], c.scales_out[:k], self.shard_of(layer)
+        quantizer.quantize(shard, levels, scales, c.scratch)
         all_levels, all_scales = c.levels_in[:N * n], c.scales_in[:N * k]
         c.allgather(levels, all_levels, PARAMS).wait()
         c.allgather(scales, all_scales, SCALES).wait()
@@ -50,7 +50,7 @@ class QuantizedLayerGather:
             quantizer.dequantize(all_levels[r * n:(r + 1) * n], all_scales[r * k:(r + 1) * k],
                                  full[r * n:(r + 1) * n], c.scratch)
         if c.error is not None:                      # --quant-error: the exact gather beside it (error.py)
-            c.error.weights(self.shard_of(layer), full)
+            c.error.weights(shard, full)
         return full
 
     def drop(self):

@@ -133,14 +133,14 @@ def quantized(collectives, layout, micro_batches, grouping):
 
 
 def error_summary(error):
-    """--quant-error's {kind: {mean, max}} of the steps' relative L2 errors, or None."""
-    if error is None or not error.steps:
-        return None
+    """--quant-error's {kind: {mean, max, steps}} of the steps' relative L2 errors (the steps that
+    have one: not an overflowed fp16 step's), or None."""
     summary = {}
-    for kind, values in zip(("weights", "grads"), zip(*error.steps)):
-        if values[0] is not None:
-            summary[kind] = {"mean": sum(values) / len(values), "max": max(values)}
-    return summary
+    for kind, values in zip(("weights", "grads"), zip(*(error.steps if error is not None else ()))):
+        values = [v for v in values if v is not None]
+        if values:
+            summary[kind] = {"mean": sum(values) / len(values), "max": max(values), "steps": len(values)}
+    return summary or None
 
 
 def offloaded_kinds(everyone):
@@ -223,16 +223,18 @@ def format_table(report):
                                     ("parameters", "parameters gathered as 16-bit words (2)")) if what not in quantized))
     if "quantize_block" in r:
         scales = {format_bytes(row["scales_bytes"]) for row in r["per_rank"]}
-        per = "half a byte per element, counted in bytes" if "int4" in quantized else "a byte per element"
-        if r.get("two_hops_node_size"):
-            per += f"; the gradients in two hops, inside each node of {r['two_hops_node_size']} ranks, then between nodes"
-        lines.append(f"     ZeRO++: {' and '.join(r['quantized'])} ({per}) with float32 scales, one per "
+        what = [f"{q} ({'half a byte per element, counted in bytes' if q.endswith('int4') else 'a byte per element'})"
+                for q in r["quantized"]]
+        hops = (f"; the gradients in two hops, inside each node of {r['two_hops_node_size']} ranks, then between nodes"
+                if r.get("two_hops_node_size") else "")
+        lines.append(f"     ZeRO++: {' and '.join(what)}{hops} with float32 scales, one per "
                      f"block of {r['quantize_block']} (counted in bytes, calls and MPI time): "
                      f"{' / '.join(sorted(scales))} of scales per rank (formula "
                      f"{format_bytes(r['scales_formula_bytes_per_step'])}, 4 (N-1) ceil(n_u / B) per call on layer u)")
     if r.get("quant_error"):
         lines.append("     --quant-error, relative L2 error against the exact calls, mean (max) over the steps: " + ", ".join(
-            f"{WHAT[kind]} {e['mean']:.3%} ({e['max']:.3%})" for kind, e in r["quant_error"].items()))
+            f"{WHAT[kind]} {e['mean']:.3%} ({e['max']:.3%})" + (f" over the {e['steps']} finite" if e["steps"] < r["steps"] else "")
+            for kind, e in r["quant_error"].items()))
     lines += ["", *format_node_split(r)]
     if offloaded:
         lines += ["", *format_tiers(r)]
