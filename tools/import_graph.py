@@ -35,6 +35,7 @@ BUILDS_ON = {
     "checkpoint": (),
     "devices": (),
     "hierarchy": (),
+    "inprocess": (),
     "observe": (),
     "offload": (),
     "overlap": ("observe",),          # the call sites --check-collectives names

@@ -14,10 +14,6 @@ removes the shared memory MPI leaves behind when it is aborted.
 import os
 import atexit
 
-import mpi4py
-
-mpi4py.rc.initialize = False          # MPI starts in init_mpi() below
-
 
 LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -45,6 +41,8 @@ class _LoadedAtFirstUse:
 
     def __getattr__(self, name):
         try:
+            import mpi4py                 # imported here: ranks in one process (zerompi/inprocess/) need none
+            mpi4py.rc.initialize = False  # MPI starts in init_mpi() below
             from mpi4py import MPI
         except (ImportError, RuntimeError, OSError) as e:
             reason = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())

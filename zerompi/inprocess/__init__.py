@@ -1,0 +1,72 @@
+"""N ranks in one process, without MPI: for a notebook, a debugger, and tests that need ranks but
+not MPI itself.
+
+    from zerompi.inprocess import run_ranks
+    results = run_ranks(lambda comm: train(comm), 4)     # comm: rank r's InProcessCommunicator
+
+Each rank is a thread with its own Communicator (communicator.py) and its own buffers; the
+collectives meet at a Hub (hub.py): sums in rank order, the same ledgers as over MPI. Nothing here
+imports mpi4py (zerompi/mpi.py loads it at the first use of MPI, which these ranks never make).
+
+    hub.py            the N threads' meeting point: two barriers per collective, its deadline
+    communicator.py   InProcessTransport and InProcessCommunicator: zerompi/comm.py's
+                      Communicator over a hub
+
+An exception on one rank breaks every hub of the run, so that no other rank waits for it; a rank
+that does not arrive (it skipped a collective, ran out of batches, is stuck) breaks them after
+`timeout` seconds (None: never, for a debugger). run_ranks then raises RankFailed, naming the
+first rank that raised, or the ranks that waited and the ones that did not arrive.
+
+The threads share the interpreter lock outside NumPy's kernels and one BLAS thread pool: this is
+for watching and checking ZeRO, not for speed.
+"""
+import threading
+
+from .communicator import InProcessCommunicator, InProcessTransport
+from .hub import Hub, RanksStopped
+
+__all__ = ["run_ranks", "RankFailed", "RanksStopped", "InProcessCommunicator", "InProcessTransport", "Hub",
+           "DEFAULT_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 300.0          # seconds a collective waits for every rank (None: for ever)
+
+
+class RankFailed(RuntimeError):
+    """A rank of run_ranks raised; `rank` is the first that did, `error` what it raised."""
+
+    def __init__(self, rank, error):
+        super().__init__(f"rank {rank}: {type(error).__name__}: {error}")
+        self.rank, self.error = rank, error
+
+
+def run_ranks(fn, num_ranks, nodes=1, timeout=DEFAULT_TIMEOUT):
+    """fn(comm) on each of num_ranks ranks (threads of this process; rank r on node r // (N /
+    nodes)); returns [rank 0's result, rank 1's, ...]. SystemExit on the ranks (zerompi's one-line
+    errors, which every rank raises alike) is raised as it is; any other exception as RankFailed."""
+    if num_ranks < 1 or nodes < 1 or num_ranks % nodes:
+        raise ValueError(f"{num_ranks} ranks on {nodes} nodes: the ranks must fill the nodes evenly")
+    hub = Hub(num_ranks, timeout)
+    node_of_rank = tuple(r // (num_ranks // nodes) for r in range(num_ranks))
+    results, errors = [None] * num_ranks, [None] * num_ranks
+
+    def rank_main(rank):
+        try:
+            results[rank] = fn(InProcessCommunicator(hub, rank, node_of_rank))
+        except BaseException as e:                    # noqa: B036 -- a rank's SystemExit included
+            errors[rank] = e
+            if not isinstance(e, RanksStopped):
+                hub.abort(f"rank {rank} raised {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"zerompi rank {r}", daemon=True)
+               for r in range(num_ranks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [r for r, e in enumerate(errors) if e is not None]
+    first = next((r for r in failed if not isinstance(errors[r], RanksStopped)), failed[0] if failed else None)
+    if first is None:
+        return results
+    if isinstance(errors[first], SystemExit):
+        raise errors[first]
+    raise RankFailed(first, errors[first]) from errors[first]

@@ -1,0 +1,80 @@
+"""The meeting point of N in-process ranks: one Hub per communicator, shared by its ranks' threads.
+
+Every collective is two meetings at a barrier of the communicator's N threads:
+
+    deposit   each rank puts a reference to its input in its slot (no copy)
+    meet 1    everyone's input is there: each rank reads the others' slots and computes its
+              own output (reading only; a result that would overwrite an input is kept aside)
+    meet 2    everyone has read: each rank may write its buffers again (its own only)
+
+so no rank writes a buffer another rank may still read, and each rank's buffers stay its own.
+Reductions add the ranks' inputs in rank order, 0 + 1 + ... + (N-1), on every rank alike.
+
+A barrier that does not fill breaks: after `timeout` seconds (the --collective-timeout deadline;
+None waits for ever, for a debugger), or at once when a rank failed (`abort`, called by the
+runner). Every waiting rank then raises RanksStopped, whose message says which ranks were waiting,
+in which call, and which never came.
+"""
+import threading
+
+
+class RanksStopped(RuntimeError):
+    """A collective could not complete: a rank failed, or did not arrive before the deadline."""
+
+
+class Hub:
+    def __init__(self, size, timeout=None, family=None):
+        """family: the hubs of one run (a world and the communicators split from it), all broken
+        together when a rank fails."""
+        self.size, self.timeout = size, timeout
+        self.barrier = threading.Barrier(size, timeout=timeout)
+        self.slots = [None] * size
+        self.calls = [None] * size           # what each rank is in: (its call number, its name)
+        self.counts = [0] * size
+        self.lock = threading.Lock()
+        self.children = {}                   # (this hub's split number, color) -> Hub
+        self.family = family if family is not None else []
+        self.family.append(self)
+        self.reason = None                   # why the run stopped, once it did
+
+    def meet(self, rank, value, name):
+        """Collective: deposit value, wait for every rank's; returns the N slots (read them, then
+        call `release`)."""
+        self.slots[rank] = value
+        self.counts[rank] += 1
+        self.calls[rank] = (self.counts[rank], name)
+        self._wait(rank)
+        return self.slots
+
+    def release(self, rank):
+        """Collective: every rank has read the slots."""
+        self._wait(rank)
+
+    def child(self, key, members):
+        """The hub of the ranks `members` (a split or a duplicate), made by whichever arrives first."""
+        with self.lock:
+            if key not in self.children:
+                self.children[key] = Hub(len(members), self.timeout, self.family)
+            return self.children[key]
+
+    def abort(self, reason):
+        """Break every hub of the run: each waiting rank raises RanksStopped(reason)."""
+        for hub in self.family:
+            hub.reason = hub.reason or reason
+            hub.barrier.abort()
+
+    def _wait(self, rank):
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise RanksStopped(self.reason or self._late(rank)) from None
+
+    def _late(self, rank):
+        """The deadline passed: who waited in which call, and who did not come."""
+        number, name = self.calls[rank]
+        waiting = [r for r in range(self.size) if self.calls[r] == (number, name)]
+        missing = [r for r in range(self.size) if r not in waiting]
+        return (f"collective #{number} ({name}) of {self.size} ranks: ranks {', '.join(map(str, waiting))} waited "
+                f"{self.timeout:g} s; ranks {', '.join(map(str, missing))} did not arrive (their last call: "
+                + "; ".join(f"rank {r} #{self.calls[r][0]} {self.calls[r][1]}" if self.calls[r] else f"rank {r} none"
+                            for r in missing) + ")")
