@@ -14,6 +14,11 @@ removes the shared memory MPI leaves behind when it is aborted.
 import os
 import atexit
 
+try:
+    import mpi4py                     # the package only (no library): MPI starts in init_mpi() below,
+    mpi4py.rc.initialize = False      # not at the first `from mpi4py import MPI` anywhere
+except ImportError:                   # ranks in one process (zerompi/inprocess/) need none
+    pass
 
 LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -41,8 +46,6 @@ class _LoadedAtFirstUse:
 
     def __getattr__(self, name):
         try:
-            import mpi4py                 # imported here: ranks in one process (zerompi/inprocess/) need none
-            mpi4py.rc.initialize = False  # MPI starts in init_mpi() below
             from mpi4py import MPI
         except (ImportError, RuntimeError, OSError) as e:
             reason = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())

@@ -59,11 +59,28 @@ def test_qgz_runs_its_two_hops_over_in_process_nodes():
         assert_close_f64(got, want)
 
 
-def test_two_runs_are_bitwise_the_same_and_every_rank_holds_the_same_weights():
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_two_runs_are_bitwise_the_same_and_every_rank_holds_the_same_weights(stage):
     sizes, batches = SIZES[0], make_batches(SIZES[0], 3)
-    first, second = (run_ranks(trained(3, sizes, np.float32, batches, micro_batches=2), 4) for _ in range(2))
+    first, second = (run_ranks(trained(stage, sizes, np.float32, batches, micro_batches=2), 4) for _ in range(2))
     for got in first[1:] + second:
         assert all(np.array_equal(a, b) for layer, other in zip(got, first[0]) for a, b in zip(layer, other))
+
+
+def test_sums_are_taken_in_rank_order_on_every_rank():
+    """1e16 + 1 rounds to 1e16 in float64: in rank order ((1e16 + 1) - 1e16) + 1 = 1; in any other
+    order another number (0, or 2)."""
+    values = [1e16, 1.0, -1e16, 1.0]
+
+    def sums(comm):
+        everywhere = np.full(4, values[comm.rank])
+        comm.allreduce_sum(everywhere, "grads")
+        shard = np.zeros(1)
+        comm.reduce_scatter_sum(np.full(4, values[comm.rank]), shard, "grads")
+        return everywhere, shard
+
+    for everywhere, shard in run_ranks(sums, 4):
+        assert everywhere.tolist() == [1.0] * 4 and shard.tolist() == [1.0]
 
 
 def test_the_ledgers_are_the_plans():
@@ -119,6 +136,42 @@ def test_a_rank_that_does_not_arrive_is_named_at_the_deadline():
     message = str(failed.value)
     assert "collective #4 (barrier) of 3 ranks: ranks 0, 2 waited 1 s" in message, message
     assert "ranks 1 did not arrive (their last call: rank 1 #3 barrier)" in message, message
+
+
+@pytest.mark.timeout(60)
+def test_ranks_in_different_collectives_are_named_not_paired():
+    def fn(comm):
+        comm.barrier() if comm.rank == 0 else comm.first_failing_rank("bad")
+
+    with pytest.raises(RankFailed, match=r"collective #1 of 2 ranks differs: rank 0 called barrier, rank 1 called "
+                                         r"first_failing_rank"):
+        run_ranks(fn, 2)
+
+
+@pytest.mark.timeout(60)
+def test_the_first_rank_to_fail_is_named_with_overlap_and_splits_after_it_do_not_wait(monkeypatch):
+    """Rank 2 raises after building its engine: the others' communication threads (--overlap) stop,
+    and RankFailed names rank 2, not a rank whose thread the stop reached; a rank that splits after
+    the failure is stopped at once; a rank stuck outside any collective is left behind."""
+    import zerompi.inprocess
+    from helpers import make_engine
+    monkeypatch.setattr(zerompi.inprocess, "STRAGGLER_SECONDS", 1.0)
+    sizes = SIZES[0]
+
+    def fn(comm):
+        if comm.rank == 3:
+            time.sleep(30)                       # stuck, outside any collective
+        engine = make_engine(3, sizes, np.float32, comm, overlap=OverlapConfig(enabled=True))
+        if comm.rank == 2:
+            raise ValueError("rank 2 gives up")
+        time.sleep(0.2 * comm.rank)
+        engine.init_params(0)
+        comm.split(lambda r: r % 2).barrier()
+
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match="rank 2: ValueError: rank 2 gives up") as failed:
+        run_ranks(fn, 4, timeout=20)
+    assert failed.value.rank == 2 and time.monotonic() - start < 10
 
 
 def test_nothing_imports_mpi4py():

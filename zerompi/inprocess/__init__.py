@@ -14,19 +14,21 @@ imports mpi4py (zerompi/mpi.py loads it at the first use of MPI, which these ran
 
 An exception on one rank breaks every hub of the run, so that no other rank waits for it; a rank
 that does not arrive (it skipped a collective, ran out of batches, is stuck) breaks them after
-`timeout` seconds (None: never, for a debugger). run_ranks then raises RankFailed, naming the
-first rank that raised, or the ranks that waited and the ones that did not arrive.
+`timeout` seconds (None: never, for a debugger); ranks in different collectives stop at once,
+naming them. run_ranks then raises RankFailed, naming the first rank that failed and why (the
+ranks that waited and the ones that did not arrive), within STRAGGLER_SECONDS of that.
 
 The threads share the interpreter lock outside NumPy's kernels and one BLAS thread pool: this is
 for watching and checking ZeRO, not for speed.
 """
 import threading
+import time
 
 from .communicator import InProcessCommunicator, InProcessTransport
 from .hub import Hub, RanksStopped
 
 __all__ = ["run_ranks", "RankFailed", "RanksStopped", "InProcessCommunicator", "InProcessTransport", "Hub",
-           "DEFAULT_TIMEOUT"]
+           "DEFAULT_TIMEOUT", "STRAGGLER_SECONDS"]
 
 DEFAULT_TIMEOUT = 300.0          # seconds a collective waits for every rank (None: for ever)
 
@@ -41,32 +43,51 @@ class RankFailed(RuntimeError):
 
 def run_ranks(fn, num_ranks, nodes=1, timeout=DEFAULT_TIMEOUT):
     """fn(comm) on each of num_ranks ranks (threads of this process; rank r on node r // (N /
-    nodes)); returns [rank 0's result, rank 1's, ...]. SystemExit on the ranks (zerompi's one-line
-    errors, which every rank raises alike) is raised as it is; any other exception as RankFailed."""
+    nodes)); returns [rank 0's result, rank 1's, ...]. The first rank to fail stops the others;
+    its SystemExit (zerompi's one-line errors, which every rank raises alike) is raised as it is,
+    any other exception as RankFailed. A rank that does not end within STRAGGLER_SECONDS of that
+    (stuck outside any collective) is left behind, a daemon thread."""
     if num_ranks < 1 or nodes < 1 or num_ranks % nodes:
         raise ValueError(f"{num_ranks} ranks on {nodes} nodes: the ranks must fill the nodes evenly")
     hub = Hub(num_ranks, timeout)
     node_of_rank = tuple(r // (num_ranks // nodes) for r in range(num_ranks))
-    results, errors = [None] * num_ranks, [None] * num_ranks
+    results, first, lock = [None] * num_ranks, [], threading.Lock()
 
     def rank_main(rank):
         try:
             results[rank] = fn(InProcessCommunicator(hub, rank, node_of_rank))
         except BaseException as e:                    # noqa: B036 -- a rank's SystemExit included
-            errors[rank] = e
-            if not isinstance(e, RanksStopped):
-                hub.abort(f"rank {rank} raised {type(e).__name__}: {e}")
+            with lock:
+                first.append((rank, e))               # first[0]: the first to fail, in time
+            hub.abort(f"rank {rank} raised {type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=rank_main, args=(r,), name=f"zerompi rank {r}", daemon=True)
                for r in range(num_ranks)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
-    failed = [r for r, e in enumerate(errors) if e is not None]
-    first = next((r for r in failed if not isinstance(errors[r], RanksStopped)), failed[0] if failed else None)
-    if first is None:
+    try:
+        wait_for_ranks(threads, first)
+    except BaseException:                             # Ctrl-C in a notebook: no rank goes on alone
+        hub.abort("the process running the ranks was interrupted")
+        raise
+    if not first:
         return results
-    if isinstance(errors[first], SystemExit):
-        raise errors[first]
-    raise RankFailed(first, errors[first]) from errors[first]
+    rank, error = first[0]
+    if isinstance(error, SystemExit):
+        raise error
+    raise RankFailed(rank, error) from error
+
+
+STRAGGLER_SECONDS = 10.0         # after a rank failed, how long the others get to stop
+
+
+def wait_for_ranks(threads, first):
+    """Until every rank's thread has ended, or STRAGGLER_SECONDS after the first failure."""
+    failed_at = None
+    while any(thread.is_alive() for thread in threads):
+        for thread in threads:
+            thread.join(0.05)
+        if first and failed_at is None:
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > STRAGGLER_SECONDS:
+            return

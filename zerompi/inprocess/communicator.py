@@ -11,9 +11,9 @@ a Hub (hub.py) instead of calling MPI:
     exchange     all-to-all             gather_bytes_to_root rank 0 gets every rank's bytes
                                         barrier, split, duplicate
 
-Sums are taken in rank order; a result that overwrites an input (an in-place reduction) is
-computed into a new array first, and written once every rank has read (hub.py): the only
-allocations per collective, which MPI's transport does not make.
+Sums are taken in rank order; a reduction's result is computed into a new array, and written
+once every rank has read (hub.py), and the control messages copy what they gather: allocations
+per collective that MPI's transport does not make.
 
 "Virtual" names a plan's buffers that hold nothing (zerompi/plan/virtual.py); these ranks are
 real, in one process.

@@ -22,12 +22,48 @@ class RanksStopped(RuntimeError):
     """A collective could not complete: a rank failed, or did not arrive before the deadline."""
 
 
+class Meeting:
+    """A barrier of `size` threads that breaks at its deadline or on `abort`, except for a meeting
+    that had already filled (threading.Barrier's abort breaks those too: a rank that had passed
+    would be told it had not)."""
+
+    def __init__(self, size, timeout):
+        self.size, self.timeout = size, timeout
+        self.cond = threading.Condition()
+        self.arrived = self.generation = 0
+        self.broken = False
+
+    def wait(self):
+        """Returns once every thread has arrived; raises BrokenBarrierError if the meeting broke first."""
+        with self.cond:
+            if self.broken:
+                raise threading.BrokenBarrierError
+            generation = self.generation
+            self.arrived += 1
+            if self.arrived == self.size:
+                self.arrived, self.generation = 0, generation + 1
+                self.cond.notify_all()
+                return
+            if not self.cond.wait_for(lambda: self.generation != generation or self.broken, self.timeout):
+                self.abort_locked()                  # the deadline: no one else waits either
+            if self.generation == generation:
+                raise threading.BrokenBarrierError
+
+    def abort(self):
+        with self.cond:
+            self.abort_locked()
+
+    def abort_locked(self):
+        self.broken = True
+        self.cond.notify_all()
+
+
 class Hub:
     def __init__(self, size, timeout=None, family=None):
         """family: the hubs of one run (a world and the communicators split from it), all broken
         together when a rank fails."""
         self.size, self.timeout = size, timeout
-        self.barrier = threading.Barrier(size, timeout=timeout)
+        self.barrier = Meeting(size, timeout)
         self.slots = [None] * size
         self.calls = [None] * size           # what each rank is in: (its call number, its name)
         self.counts = [0] * size
@@ -39,11 +75,14 @@ class Hub:
 
     def meet(self, rank, value, name):
         """Collective: deposit value, wait for every rank's; returns the N slots (read them, then
-        call `release`)."""
+        call `release`). Ranks in different calls stop, naming them."""
         self.slots[rank] = value
         self.counts[rank] += 1
         self.calls[rank] = (self.counts[rank], name)
         self._wait(rank)
+        if len({call for call in self.calls}) > 1:
+            raise RanksStopped(f"collective #{self.counts[rank]} of {self.size} ranks differs: "
+                               + ", ".join(f"rank {r} called {call[1]}" for r, call in enumerate(self.calls)))
         return self.slots
 
     def release(self, rank):
@@ -51,16 +90,22 @@ class Hub:
         self._wait(rank)
 
     def child(self, key, members):
-        """The hub of the ranks `members` (a split or a duplicate), made by whichever arrives first."""
+        """The hub of the ranks `members` (a split or a duplicate), made by whichever arrives first;
+        broken at once if the run has stopped."""
         with self.lock:
             if key not in self.children:
                 self.children[key] = Hub(len(members), self.timeout, self.family)
-            return self.children[key]
+            hub = self.children[key]
+        if self.reason:
+            hub.reason = self.reason
+            hub.barrier.abort()
+        return hub
 
     def abort(self, reason):
-        """Break every hub of the run: each waiting rank raises RanksStopped(reason)."""
+        """Break every hub of the run: each waiting rank raises RanksStopped(the first reason)."""
         for hub in self.family:
             hub.reason = hub.reason or reason
+        for hub in self.family:
             hub.barrier.abort()
 
     def _wait(self, rank):

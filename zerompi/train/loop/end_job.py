@@ -3,11 +3,16 @@
 Several ranks failing at once (a bad file on every node, a signal to the whole job) must print one
 line, not N: rank r waits stagger(r) seconds before it reports (zerompi/observe/watchdog.py), so
 the lowest reports first and its abort ends the rest before they speak. The abort skips atexit,
-which would release --save-dir's lock: it is released at the last moment instead.
+which would release --save-dir's lock: it is released at the last moment instead. `end_with` maps
+what a rank raised onto its one line and status (run.py's main).
 """
 import time
+import traceback
 
 from .lock import release_locks
+from .signals import ACT_WITHIN_SECONDS, Interrupted
+from ...offload import OffloadError
+from ...util.exit_codes import ExitCode
 from ...mpi import abort_job
 from ...util.inputs import printable
 from ...observe.watchdog import MAX_STAGGER_SECONDS, await_announced_abort, report_then_abort, stagger
@@ -29,3 +34,19 @@ def abort_releasing_locks(exit_code):
     """MPI_Abort skips atexit, which would release --save-dir's lock: release it at the last moment."""
     release_locks()
     abort_job(exit_code)
+
+
+def end_with(e, rank, signals):
+    """End the job for what `rank` raised, with one line and its kind's status (zerompi/util/exit_codes.py)."""
+    if isinstance(e, Interrupted):             # a signal that ends the run at once (signals.py); rank 0 may
+        end_job(rank, f"zerompi: error: rank {rank}: {e}", ExitCode.INTERRUPTED,   # be in MPI, its
+                later=2 * ACT_WITHIN_SECONDS)  # watcher acting ACT_WITHIN_SECONDS later: the others wait for it
+    signals.stand_down()
+    if isinstance(e, OffloadError):            # an offload file not created, read or written (zerompi/offload/)
+        end_job(rank, f"zerompi: error: rank {rank}: {e}", ExitCode.OFFLOAD_FAILED)
+    if isinstance(e, MemoryError):             # after the preflight (zerompi/plan/preflight.py): one line
+        end_job(rank, f"zerompi: error: rank {rank} ran out of memory ({e or 'MemoryError'}): other processes "
+                      f"took memory the preflight had counted, or it fragmented; `--dry-run` shows the plan",
+                ExitCode.OUT_OF_MEMORY)
+    end_job(rank, f"zerompi: error: rank {rank} failed: {type(e).__name__}: {e}", ExitCode.FAILED,   # a bug or an
+            before=traceback.format_exc())     # MPI failure: never leave ranks hanging

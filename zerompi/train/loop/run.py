@@ -28,18 +28,18 @@ import math
 import os
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ...checkpoint.weights import check_writable, save_weights
-from ...cpu import blas_threads
+from ...cpu import CPU, blas_threads
 from ...devices import communicator_on
 from ...devices.nccl import NcclCommunicator
 from ...engine import build_engine
 from ...hierarchy import hierarchy_for
+from ...inprocess import RankFailed
 from ...ledger import GRADS, METRICS, PARAMS
 from ...quantize import SCALES
 from ...memory import model_size_error
@@ -47,7 +47,7 @@ from ...mpi import MpiUnavailable, launcher_rank
 from ...observe import guards_for
 from ...observe.trace import Tracer, create_trace_file
 from ...observe.watchdog import await_announced_abort
-from ...offload import OffloadedAdamW, OffloadedStage3, OffloadError
+from ...offload import OffloadedAdamW, OffloadedStage3
 from ...plan import RunShape
 from ...plan.preflight import preflight_error
 from ...step import count_correct, train_step
@@ -67,11 +67,12 @@ from .batches import MicroBatches
 from .checkpoints import check_save_dir, save_training_checkpoint, start_from
 from .data import Dataset, load_data
 from .divergence import Stalls, not_finite_message, stop, stop_if_parameters_not_finite
-from .end_job import end_job
+from .end_job import end_job, end_with
+from .in_process import run_in_process
 from .loss_scale import LossScaler, loss_scale_error
 from .offload_folder import adam_config_for
 from .schedule import learning_rate
-from .signals import ACT_WITHIN_SECONDS, Interrupted, Signals
+from .signals import Interrupted, Signals
 from ..outputs.destination import launcher_terminal, live_progress
 from ..outputs.header import print_header
 from ..outputs.metrics import MetricsFile, StepMetrics, slurm_restarts
@@ -330,12 +331,14 @@ def main(argv=None):
     signals = Signals(rank, lambda what: end_job(rank, f"zerompi: error: rank {rank}: {what}",
                                                  ExitCode.INTERRUPTED, standing_by=True))
     # from here a signal ends the run with one line (zerompi/train/loop/signals.py)
+    comm = None
     try:
         # The GPU is chosen before MPI starts (the Communicator starts it): see zerompi/train/options/device_choice.py;
         # the watchdog guards the collectives from the first one, which the Communicator makes.
         early = choices_before_mpi(argv)
-        device, device_error = select_device(early.device, os.environ)
-        comm = communicator_on(device, guards=guards_for(collective_timeout=early.collective_timeout))
+        if not early.in_process_ranks:         # else threads, no MPI (in_process.py)
+            device, device_error = select_device(early.device, os.environ)
+            comm = communicator_on(device, guards=guards_for(collective_timeout=early.collective_timeout))
     except Interrupted as e:                   # reading --config, or MPI starting
         end_job(rank, f"zerompi: error: rank {rank}: {e}", ExitCode.INTERRUPTED)
     except MpiUnavailable as e:                # no MPI, no abort: every rank ends, the launcher's rank 0 says why
@@ -345,54 +348,52 @@ def main(argv=None):
                             f"module) before mpi4py (docs/clusters-and-slurm.md)"), file=sys.stderr, flush=True)
         raise SystemExit(ExitCode.BAD_INPUT)
     try:
-        mismatch = launch_mismatch(comm.size, os.environ)
-        if mismatch:                           # N lone "rank 0"s: only the launcher's rank 0 speaks
-            if rank == 0:
-                print(f"zerompi: error: {printable(mismatch)}", file=sys.stderr, flush=True)
-            raise SystemExit(ExitCode.BAD_INPUT)
-        try:
-            cfg, error = parse_args(argv, comm.rank, comm.size), None
-        except ArgumentError as e:
-            cfg, error = None, f"{e} (see --help)"
-        comm.check_all(error)
-        # progress goes to stderr when stdout must hold nothing but the JSON report
-        out = sys.stderr if cfg.report == "json" else sys.stdout
-        agree(comm, run_fields(cfg, device), out)         # every rank runs the same training (agreement.py)
-        comm.check_all(check_config(cfg, comm.size))
-        comm.check_all(grouping_error(cfg, comm.size))
-        comm.check_all(loss_scale_error(cfg.precision.storage == np.float16, cfg.loss_scale,
-                                        cfg.min_loss_scale))
-        ranks_on_node = comm.ranks_on_this_node()
-        comm.check_all(device_error or check_device(device, cfg.precision, cfg.comm == "nccl", ranks_on_node))
-        if cfg.comm == "nccl":                  # the same ranks, training traffic on NCCL, its own watchdog
-            comm.guards.turn_on(collective_timeout=0.0)
-            comm = NcclCommunicator(comm.mpi, device, guards_for(comm.mpi, collective_timeout=cfg.collective_timeout))
-        comm.check_all(threads_variable_error(os.environ))
-        comm.guards.turn_on(cfg.check_collectives, cfg.collective_timeout)
-        threads = blas_threads(ranks_on_node, os.environ, len(os.sched_getaffinity(0)))
-        with threadpool_limits(limits=threads):
-            run(cfg, comm, out, signals)
+        if comm is None:
+            run_in_process(early, lambda ranks_comm: rank_main(ranks_comm, argv, CPU(), None, signals, True),
+                           os.environ, rank)
+        else:
+            rank_main(comm, argv, device, device_error, signals)
     except SystemExit:
         raise
-    except Interrupted as e:                   # a signal that ends the run at once (signals.py); rank 0 may
-        end_job(comm.rank, f"zerompi: error: rank {comm.rank}: {e}", ExitCode.INTERRUPTED,   # be in MPI, its
-                later=2 * ACT_WITHIN_SECONDS)   # watcher acting ACT_WITHIN_SECONDS later: the others wait for it
-    except OffloadError as e:                  # an offload file not created, read or written (zerompi/offload/)
-        signals.stand_down()
-        end_job(comm.rank, f"zerompi: error: rank {comm.rank}: {e}", ExitCode.OFFLOAD_FAILED)
-    except MemoryError as e:                   # after the preflight (zerompi/plan/preflight.py): one line
-        signals.stand_down()
-        end_job(comm.rank, f"zerompi: error: rank {comm.rank} ran out of memory ({e or 'MemoryError'}): other "
-                           f"processes took memory the preflight had counted, or it fragmented; `--dry-run` "
-                           f"shows the plan", ExitCode.OUT_OF_MEMORY)
-    except BaseException as e:                 # a bug or an MPI failure: never leave ranks hanging
-        signals.stand_down()
-        end_job(comm.rank, f"zerompi: error: rank {comm.rank} failed: {type(e).__name__}: {e}", ExitCode.FAILED,
-                before=traceback.format_exc())
+    except RankFailed as failed:               # an in-process rank raised (in_process.py)
+        end_with(failed.error, failed.rank, signals)
+    except BaseException as e:                 # noqa: B036 -- every ending is mapped onto a status
+        end_with(e, comm.rank if comm is not None else 0, signals)
     finally:
         signals.stand_down()                   # the run has ended: a signal now must not change its status
         await_announced_abort()                # a watchdog announced an abort: never exit 0 (watchdog.py)
     return ExitCode.OK
+
+
+def rank_main(comm, argv, device, device_error, signals, in_process=False):
+    """One rank, its communicator made: arguments checked, then run (in_process: a thread, in_process.py)."""
+    mismatch = None if in_process else launch_mismatch(comm.size, os.environ)
+    if mismatch:                               # N lone "rank 0"s: only the launcher's rank 0 speaks
+        if launcher_rank(os.environ) == 0:
+            print(f"zerompi: error: {printable(mismatch)}", file=sys.stderr, flush=True)
+        raise SystemExit(ExitCode.BAD_INPUT)
+    try:
+        cfg, error = parse_args(argv, comm.rank, comm.size), None
+    except ArgumentError as e:
+        cfg, error = None, f"{e} (see --help)"
+    comm.check_all(error)
+    # progress goes to stderr when stdout must hold nothing but the JSON report
+    out = sys.stderr if cfg.report == "json" else sys.stdout
+    agree(comm, run_fields(cfg, device), out)         # every rank runs the same training (agreement.py)
+    comm.check_all(check_config(cfg, comm.size))
+    comm.check_all(grouping_error(cfg, comm.size))
+    comm.check_all(loss_scale_error(cfg.precision.storage == np.float16, cfg.loss_scale, cfg.min_loss_scale))
+    ranks_on_node = comm.ranks_on_this_node()
+    comm.check_all(device_error or check_device(device, cfg.precision, cfg.comm == "nccl", ranks_on_node))
+    if in_process:
+        return run(cfg, comm, out, signals)
+    if cfg.comm == "nccl":                      # the same ranks, training traffic on NCCL, its own watchdog
+        comm.guards.turn_on(collective_timeout=0.0)
+        comm = NcclCommunicator(comm.mpi, device, guards_for(comm.mpi, collective_timeout=cfg.collective_timeout))
+    comm.check_all(threads_variable_error(os.environ))
+    comm.guards.turn_on(cfg.check_collectives, cfg.collective_timeout)
+    with threadpool_limits(limits=blas_threads(ranks_on_node, os.environ, len(os.sched_getaffinity(0)))):
+        run(cfg, comm, out, signals)
 
 
 if __name__ == "__main__":

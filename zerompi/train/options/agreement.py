@@ -38,7 +38,6 @@ import hashlib
 import os
 from dataclasses import dataclass, fields as dataclass_fields
 
-import mpi4py
 import numpy as np
 from threadpoolctl import threadpool_info
 
@@ -46,6 +45,7 @@ import zerompi
 from ...checkpoint.files import LOCK, MANIFEST
 from ...util.inputs import open_regular
 from .config import TrainConfig
+from .version import mpi4py_version
 
 SLOTS = 128                  # at most SLOTS - 1 fields in one comparison
 SHOWN = 72                   # characters of a value shown in the error line
@@ -68,7 +68,7 @@ class Field:
 def run_fields(cfg, device):
     """The fields of the command line, the versions and the device."""
     found = [Field("zerompi's version", f"{zerompi.__version__} (sources {source_digest()[:12]})"),
-             Field("NumPy's version", np.__version__), Field("mpi4py's version", mpi4py.__version__),
+             Field("NumPy's version", np.__version__), Field("mpi4py's version", mpi4py_version()),
              Field("the device (--device)", "gpu" if device.is_gpu else "cpu"), machine_field()]
     for f in dataclass_fields(TrainConfig):
         if f.name in NOT_COMPARED:

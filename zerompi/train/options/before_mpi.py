@@ -2,8 +2,9 @@
 (so that they work where MPI cannot start), and the two choices MPI's start itself depends on.
 
     answer_without_mpi   --help, --version: printed by the launcher's rank 0, exit 0
-    choices_before_mpi   --device (the GPU is chosen before MPI_Init: zerompi/train/options/device_choice.py)
-                         and --collective-timeout (the watchdog guards the first collective)
+    choices_before_mpi   --device (the GPU is chosen before MPI_Init: zerompi/train/options/device_choice.py),
+                         --collective-timeout (the watchdog guards the first collective) and
+                         --in-process-ranks (no MPI at all: zerompi/train/loop/in_process.py)
 
 Both read the same flags and --config file as the full parse (zerompi/train/options/config.py), which
 later reports whatever does not parse.
@@ -48,13 +49,15 @@ def choices_before_mpi(argv):
     peek = _Parser(rank=None, add_help=False)
     peek.add_argument("--device")
     peek.add_argument("--collective-timeout", type=float)
+    peek.add_argument("--in-process-ranks", type=int, default=0)
+    peek.add_argument("--in-process-nodes", type=int, default=1)
     peek.add_argument("--config", default="")
-    empty = argparse.Namespace(device=None, collective_timeout=None, config="")
+    empty = argparse.Namespace(device=None, collective_timeout=None, config="", in_process_ranks=0, in_process_nodes=1)
     try:
         args = peek.parse_known_args(values_joined(argv))[0]
     except ArgumentError:
         args = empty
-    if None in (args.device, args.collective_timeout) and args.config and not args.config.endswith(".json"):
+    if args.config and not args.config.endswith(".json"):
         try:
             toml = peek.parse_known_args(flags_from_file(args.config, False, _file_keys(), None)[0])[0]
         except (ArgumentError, ConfigFileError):
@@ -62,7 +65,10 @@ def choices_before_mpi(argv):
         args.device = args.device or toml.device
         args.collective_timeout = args.collective_timeout if args.collective_timeout is not None \
             else toml.collective_timeout
+        args.in_process_ranks = args.in_process_ranks or toml.in_process_ranks
+        args.in_process_nodes = args.in_process_nodes if args.in_process_nodes != 1 else toml.in_process_nodes
     timeout = args.collective_timeout
     valid = timeout is not None and math.isfinite(timeout) and timeout >= 0
     return argparse.Namespace(device=args.device or TrainConfig.device,
-                              collective_timeout=timeout if valid else TrainConfig.collective_timeout)
+                              collective_timeout=timeout if valid else TrainConfig.collective_timeout,
+                              in_process_ranks=max(args.in_process_ranks, 0), in_process_nodes=args.in_process_nodes)

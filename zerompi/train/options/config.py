@@ -142,6 +142,10 @@ class TrainConfig:
                                      ZERO)
     collective_timeout: float = option(600.0, "end the job when a collective waits longer than this for the "
                                        "other ranks (0: never)", ZERO, metavar="SECONDS")
+    in_process_ranks: int = option(0, "run N ranks as threads of this one process, without MPI or mpirun "
+                                   "(docs/in-process.md; 0: the MPI job's ranks)", ZERO, metavar="N")
+    in_process_nodes: int = option(1, "with --in-process-ranks: M emulated nodes, the ranks in blocks (for "
+                                   "--shard-group node, --hpz, qgZ's two hops)", ZERO, metavar="M")
     init_weights: str = option("", "start from this consolidated .npz instead of a random init", CHECKPOINTS,
                                metavar="FILE")
     save_weights: str = option("", "save the final weights to this .npz (one consolidated file)", CHECKPOINTS,

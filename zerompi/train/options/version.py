@@ -10,7 +10,6 @@ and nothing imports mpi4py.MPI (which would). mpi4py's own lookup is a private h
 import ctypes
 import sys
 
-import mpi4py
 import numpy as np
 
 import zerompi
@@ -19,11 +18,17 @@ import zerompi
 def version_text():
     """The lines `--version` prints."""
     lines = [f"zerompi {zerompi_version()}",
-             f"Python {sys.version.split()[0]}, NumPy {np.__version__}, mpi4py {mpi4py.__version__}"]
+             f"Python {sys.version.split()[0]}, NumPy {np.__version__}, mpi4py {mpi4py_version()}"]
     library = mpi_library()
     if library:
         lines.append(f"MPI library (as mpi4py would load it): {library}")
     return "\n".join(lines)
+
+
+def mpi4py_version():
+    """mpi4py's version, from its metadata: importing it is left to a run that needs MPI."""
+    from importlib import metadata
+    return metadata.version("mpi4py")
 
 
 def zerompi_version():

@@ -5,7 +5,8 @@
     data NAME: R train[, H held out]
     global batch G = N ranks x M micro-batches x B rows
 
-then the device (on a GPU) and what a resumed checkpoint changed, one line each.
+then the device (on a GPU, and for --in-process-ranks: the ranks' threads) and what a resumed
+checkpoint changed, one line each.
 """
 import textwrap
 
@@ -25,7 +26,7 @@ def print_header(state, sizes, note):
              f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
              f"global batch {cfg.batch_size} = {counted(comm.size, 'rank')} x {counted(cfg.grad_accum, 'micro-batch')}"
              f" x {counted(state.shape.rows, 'row')}"]
-    if comm.device.is_gpu:
+    if comm.device.is_gpu or cfg.in_process_ranks:
         lines.append(f"device: {comm.device.name} on rank 0, {comm.describe_transport()}")
     for line in lines:
         comm.print0(textwrap.fill(line, HEADER_WIDTH, subsequent_indent="  ", break_on_hyphens=False),
