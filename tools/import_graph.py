@@ -35,7 +35,7 @@ BUILDS_ON = {
     "checkpoint": (),
     "devices": (),
     "hierarchy": (),
-    "inprocess": (),
+    "inprocess": ("observe",),        # --check-collectives' CollectiveCheck
     "observe": (),
     "offload": (),
     "overlap": ("observe",),          # the call sites --check-collectives names

@@ -60,6 +60,11 @@ def test_checkpoints_resume_across_threads_and_mpirun(tmp_path):
         assert all(np.array_equal(got[k], straight[k]) for k in straight), name
 
 
+def test_check_collectives_checks_the_in_process_ranks_and_lets_a_run_that_agrees_train(tmp_path):
+    run = in_process_ok(3, *FLAGS, "--steps", 4, "--check-collectives", "--stage", 3, "--overlap", cwd=tmp_path)
+    assert "held-out accuracy" in run.output
+
+
 def test_it_trains_where_mpi4py_cannot_be_imported(tmp_path):
     code = ("import sys; sys.modules['mpi4py'] = None\n"            # importing it raises ImportError
             "from zerompi.train.loop.run import main\n"
@@ -72,8 +77,7 @@ def test_it_trains_where_mpi4py_cannot_be_imported(tmp_path):
 @pytest.mark.parametrize("flags, words", [
     (("--in-process-nodes", 3), "--in-process-nodes 3 does not divide the 4 ranks"),
     (("--device", "gpu"), "--in-process-ranks runs on the CPU"),
-    (("--check-collectives",), "--in-process-ranks has no --comm nccl or --check-collectives"),
-    (("--comm", "nccl"), "--in-process-ranks has no --comm nccl or --check-collectives")])
+    (("--comm", "nccl"), "--in-process-ranks runs on the CPU, without --comm nccl")])
 def test_what_does_not_make_sense_in_one_process_is_refused_with_one_line(tmp_path, flags, words):
     run = in_process(4, *FLAGS, "--steps", 1, *flags, cwd=tmp_path)
     errors = [line for line in run.output.splitlines() if ERROR_MARK in line]

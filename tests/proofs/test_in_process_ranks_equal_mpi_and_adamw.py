@@ -8,6 +8,7 @@ not arrive, stops every rank with its diagnosis instead of a hang; and nothing i
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -19,6 +20,7 @@ from zerompi.hierarchy import Grouping
 from zerompi.inprocess import RankFailed, run_ranks
 from zerompi.overlap import OverlapConfig
 from zerompi.quantize import Quantizer
+from zerompi.util.exit_codes import ExitCode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -146,6 +148,43 @@ def test_ranks_in_different_collectives_are_named_not_paired():
     with pytest.raises(RankFailed, match=r"collective #1 of 2 ranks differs: rank 0 called barrier, rank 1 called "
                                          r"first_failing_rank"):
         run_ranks(fn, 2)
+
+
+def test_lockstep_pauses_every_rank_at_each_collective_and_shows_every_ranks_input():
+    """At stage 2's first reduce-scatter each rank brings its own rows' gradient of the last layer;
+    while they wait, the sum of what they bring is what every rank's shard will hold."""
+    sizes, batches, seen = SIZES[0], make_batches(SIZES[0], 1), []
+
+    def pause(number, name, inputs):
+        waiting = [t.name for t in threading.enumerate() if t.name.startswith("zerompi rank")]
+        seen.append((number, name, [x.copy() for x in inputs], len(waiting)))
+
+    def fn(comm):
+        engine, _ = train_zero(2, sizes, np.float64, batches, comm=comm)
+        return engine.layout, engine.stage.grad_shard.copy()            # this rank's reduced gradient shard
+    results = run_ranks(fn, 4, pause=pause)
+    assert [number for number, *_ in seen] == list(range(1, len(seen) + 1)) and all(w == 4 for *_, w in seen)
+    number, name, inputs, _ = next(s for s in seen if s[1] == "reduce_scatter")
+    layout = results[0][0]
+    layer = next(u for u in layout.layers if u.padded == inputs[0].size)   # the layer reduced first: the last
+    total, n = sum(inputs), layer.shard_size                           # each rank's rows' gradient, summed
+    for rank, (_, grads) in enumerate(results):
+        assert np.allclose(grads[layout.shard_slice(layer)], total[rank * n:(rank + 1) * n], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.timeout(60)
+def test_check_collectives_names_both_call_sites_of_a_disagreement(capsys):
+    def fn(comm):
+        comm.guards.turn_on(check_collectives=True)
+        comm.allreduce_sum(np.zeros(3 if comm.rank == 1 else 2), "grads")
+
+    with pytest.raises(SystemExit) as stopped:
+        run_ranks(fn, 3)
+    assert stopped.value.code == ExitCode.COLLECTIVE_MISMATCH
+    line = capsys.readouterr().err.strip()
+    here = "tests/proofs/test_in_process_ranks_equal_mpi_and_adamw.py:"
+    assert line.startswith("zerompi: error: the ranks disagree at collective #1: ranks 0,2: allreduce of 2 float64 "
+                           f"(grads) at {here}") and "; rank 1: allreduce of 3 float64 (grads) at " + here in line, line
 
 
 @pytest.mark.timeout(60)

@@ -29,5 +29,6 @@ def test_the_notebook_runs_and_shows_each_stage_and_its_figures(tmp_path):
     assert all(f"stage {stage}: rank 0 holds" in text for stage in range(4)), text
     assert text.count("on every rank: True") == 4, text
     assert "stage 3: allgather params" in text and "reduce_scatter grads" in text, text
+    assert "a reduce-scatter of" in text and "owners keep" in text, text               # lockstep
     images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
     assert len(images) == 2

@@ -41,15 +41,17 @@ class RankFailed(RuntimeError):
         self.rank, self.error = rank, error
 
 
-def run_ranks(fn, num_ranks, nodes=1, timeout=DEFAULT_TIMEOUT):
+def run_ranks(fn, num_ranks, nodes=1, timeout=DEFAULT_TIMEOUT, pause=None):
     """fn(comm) on each of num_ranks ranks (threads of this process; rank r on node r // (N /
-    nodes)); returns [rank 0's result, rank 1's, ...]. The first rank to fail stops the others;
-    its SystemExit (zerompi's one-line errors, which every rank raises alike) is raised as it is,
-    any other exception as RankFailed. A rank that does not end within STRAGGLER_SECONDS of that
+    nodes)); returns [rank 0's result, rank 1's, ...]. pause(number, name, inputs): lockstep, called
+    at each collective of the world's communicator while every rank waits in it (hub.py); inputs:
+    each rank's buffer, in rank order (copy what you keep). The first rank to fail stops the
+    others; its SystemExit (zerompi's one-line errors, which every rank raises alike) is raised as
+    it is, any other exception as RankFailed. A rank that does not end within STRAGGLER_SECONDS of that
     (stuck outside any collective) is left behind, a daemon thread."""
     if num_ranks < 1 or nodes < 1 or num_ranks % nodes:
         raise ValueError(f"{num_ranks} ranks on {nodes} nodes: the ranks must fill the nodes evenly")
-    hub = Hub(num_ranks, timeout)
+    hub = Hub(num_ranks, timeout, pause=pause)
     node_of_rank = tuple(r // (num_ranks // nodes) for r in range(num_ranks))
     results, first, lock = [None] * num_ranks, [], threading.Lock()
 

@@ -22,10 +22,11 @@ import copy
 
 import numpy as np
 
-from ..comm import Communicator, ReductionStaging, Unguarded
+from ..comm import Communicator, ReductionStaging
 from ..cpu import CPU
 from ..ledger import CommLedger
 from ..nodes import number_nodes, sends_across_nodes
+from .guards import InProcessGuards
 
 
 class InProcessTransport:
@@ -92,7 +93,7 @@ class InProcessCommunicator(Communicator):
         self.ledger = CommLedger()
         self.device = device if device is not None else CPU()
         self.staging = ReductionStaging()
-        self.guards = Unguarded()
+        self.guards = InProcessGuards(hub, rank)      # --check-collectives (guards.py)
         self.transport = InProcessTransport(hub, rank)
         self.made = 0                                   # communicators split or duplicated from this one
 
@@ -149,6 +150,7 @@ class InProcessCommunicator(Communicator):
         sub = copy.copy(self)
         sub.hub, sub.rank, sub.size = hub, list(members).index(self.rank), hub.size
         sub.transport = InProcessTransport(hub, sub.rank)
+        sub.guards = self.guards.twin(hub, sub.rank, members)
         sub.made = 0
         sub.staging = ReductionStaging()
         return sub

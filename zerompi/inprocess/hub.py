@@ -10,6 +10,10 @@ Every collective is two meetings at a barrier of the communicator's N threads:
 so no rank writes a buffer another rank may still read, and each rank's buffers stay its own.
 Reductions add the ranks' inputs in rank order, 0 + 1 + ... + (N-1), on every rank alike.
 
+Lockstep (run_ranks' `pause`): at each meeting of the world's hub, once every rank's input is
+there, a callback runs in rank 0's thread with the meeting's number, name and every rank's input,
+while the other ranks wait; then all go on.
+
 A barrier that does not fill breaks: after `timeout` seconds (the --collective-timeout deadline;
 None waits for ever, for a debugger), or at once when a rank failed (`abort`, called by the
 runner). Every waiting rank then raises RanksStopped, whose message says which ranks were waiting,
@@ -59,10 +63,10 @@ class Meeting:
 
 
 class Hub:
-    def __init__(self, size, timeout=None, family=None):
+    def __init__(self, size, timeout=None, family=None, pause=None):
         """family: the hubs of one run (a world and the communicators split from it), all broken
-        together when a rank fails."""
-        self.size, self.timeout = size, timeout
+        together when a rank fails; pause(number, name, slots): the lockstep mode's (run_ranks)."""
+        self.size, self.timeout, self.pause = size, timeout, pause
         self.barrier = Meeting(size, timeout)
         self.slots = [None] * size
         self.calls = [None] * size           # what each rank is in: (its call number, its name)
@@ -83,6 +87,10 @@ class Hub:
         if len({call for call in self.calls}) > 1:
             raise RanksStopped(f"collective #{self.counts[rank]} of {self.size} ranks differs: "
                                + ", ".join(f"rank {r} called {call[1]}" for r, call in enumerate(self.calls)))
+        if self.pause is not None:                   # lockstep: every rank waits while rank 0's thread looks
+            if rank == 0:
+                self.pause(self.counts[rank], name, list(self.slots))
+            self._wait(rank)
         return self.slots
 
     def release(self, rank):

@@ -7,7 +7,7 @@
 
 Built on by overlap/ (the call sites the check names) and the program (`guards_for`).
 """
-from .collective_check import call_site
+from .collective_check import CollectiveCheck, call_site
 from .guards import Guards, guards_for
 
-__all__ = ["Guards", "call_site", "guards_for"]
+__all__ = ["CollectiveCheck", "Guards", "call_site", "guards_for"]

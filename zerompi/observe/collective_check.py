@@ -30,12 +30,13 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))        # 
 _PACKAGE_PARENT = os.path.dirname(_PACKAGE)                                     # call sites are relative to it
 _SKIPPED_FILES = {os.path.abspath(__file__)} | {os.path.join(_PACKAGE, *path) for path in
                   (("comm.py",), ("control.py",), ("collectives.py",), ("overlap", "thread.py"),
-                   ("overlap", "prefetch.py"), ("observe", "guards.py"))}
+                   ("overlap", "prefetch.py"), ("observe", "guards.py"), ("inprocess", "communicator.py"),
+                   ("inprocess", "guards.py"))}
 
 
 def call_site():
-    """'zerompi/stages/stage0.py:40': the first caller outside the communicator (comm.py, control.py),
-    the collectives (collectives.py, overlap/), the guards and this module."""
+    """'zerompi/stages/stage0.py:40': the first caller outside the communicator (comm.py, control.py,
+    zerompi/inprocess/'s), the collectives (collectives.py, overlap/), the guards and this module."""
     frame = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename) in _SKIPPED_FILES:
         frame = frame.f_back

@@ -5,7 +5,7 @@ Each thread runs what an MPI rank runs (run.py's rank_main) on an InProcessCommu
 checks, setup, steps, checkpoints and report; rank 0 prints. Refused with one line, exit 2: under
 an MPI launcher with more than one process (each would run N ranks of its own), --device gpu,
 --in-process-nodes that does not divide N (and, after the full parse, config_checks.py's: --comm
-nccl, --check-collectives). The ranks share one BLAS pool: each BLAS call runs on one thread, so
+nccl). The ranks share one BLAS pool: each BLAS call runs on one thread, so
 that N ranks use at most N cores. A collective waits --collective-timeout seconds for every rank
 (0: for ever, for a debugger), then every rank stops with the call it waited in and the ranks that
 did not come; a rank that raises stops the others at once. Either ends the run as run.py's main

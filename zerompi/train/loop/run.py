@@ -385,13 +385,13 @@ def rank_main(comm, argv, device, device_error, signals, in_process=False):
     comm.check_all(loss_scale_error(cfg.precision.storage == np.float16, cfg.loss_scale, cfg.min_loss_scale))
     ranks_on_node = comm.ranks_on_this_node()
     comm.check_all(device_error or check_device(device, cfg.precision, cfg.comm == "nccl", ranks_on_node))
-    if in_process:
-        return run(cfg, comm, out, signals)
     if cfg.comm == "nccl":                      # the same ranks, training traffic on NCCL, its own watchdog
         comm.guards.turn_on(collective_timeout=0.0)
         comm = NcclCommunicator(comm.mpi, device, guards_for(comm.mpi, collective_timeout=cfg.collective_timeout))
     comm.check_all(threads_variable_error(os.environ))
     comm.guards.turn_on(cfg.check_collectives, cfg.collective_timeout)
+    if in_process:                              # one BLAS pool for every rank: in_process.py sized it
+        return run(cfg, comm, out, signals)
     with threadpool_limits(limits=blas_threads(ranks_on_node, os.environ, len(os.sched_getaffinity(0)))):
         run(cfg, comm, out, signals)
 
