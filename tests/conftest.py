@@ -7,17 +7,61 @@ tests/repository/ for the repository itself. A multi-rank test is one marked
 `mpirun -n N python tests/support/mpi_launch.py --with-mpi -m mpi tests` for each N; a plain
 `pytest tests` skips them.
 
+`--in-process-ranks N` runs the tests marked both `mpi` and `in_process` on N ranks that are threads of
+the pytest process (zerompi/inprocess/; tests/support/helpers.py's world() is each thread's rank),
+with pytest-mpi turned off (`-p no:mpi`): tests/run_all.py runs the numerical ones so for every N,
+and keeps them on mpirun at N = 1 and 2. A test that needs more ranks than N (`min_size`) skips.
+
 Under --with-mpi, a failing assert on one rank would leave the others waiting in their next
 collective forever. So when a test fails on any rank, that rank prints its report and calls
 MPI_Abort, which ends every rank of the job at once with a non-zero exit code: a failure, never
 a hang.
 """
+import os
 import shutil
 import signal
 import sys
 import tempfile
 
 import pytest
+
+IN_PROCESS_SKIP = "needs {} in-process ranks, this run has {}"      # tests/run_all.py reads it as deferred
+
+
+def pytest_addoption(parser):
+    parser.addoption("--in-process-ranks", type=int, default=0, metavar="N",
+                     help="run the tests marked mpi and in_process on N in-process ranks (zerompi/inprocess/)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "in_process: a multi-rank test that also runs on in-process ranks")
+    if not config.pluginmanager.has_plugin("mpi"):                  # -p no:mpi
+        config.addinivalue_line("markers", "mpi(min_size): a multi-rank test (pytest-mpi's marker)")
+    if config.getoption("--in-process-ranks"):
+        from helpers import IN_PROCESS_RANKS
+        from zerompi.mpi import init_mpi
+        os.environ[IN_PROCESS_RANKS] = str(config.getoption("--in-process-ranks"))   # before modules read N
+        init_mpi()            # modules that stay on MPI still ask MPI questions when collected (pytest-mpi is off)
+
+
+def pytest_collection_modifyitems(config, items):
+    n = config.getoption("--in-process-ranks")
+    for item in items if n else ():
+        marker = item.get_closest_marker("mpi")
+        need = marker.kwargs.get("min_size", 1) if marker is not None else 1
+        if need > n:
+            item.add_marker(pytest.mark.skip(reason=IN_PROCESS_SKIP.format(need, n)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Under --in-process-ranks, an in_process test's function runs on every rank's thread."""
+    n = pyfuncitem.config.getoption("--in-process-ranks")
+    if not n or "in_process" not in pyfuncitem.keywords:
+        return None
+    from helpers import on_ranks
+    on_ranks(pyfuncitem.obj, {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}, n)
+    return True
 
 
 @pytest.fixture

@@ -6,6 +6,11 @@
                                           (they skip without ZEROMPI_LOCAL_SLURM=1, root and Slurm)
     3. multi-rank tests (marked mpi), for N in 1 2 3 4 8:
                                           mpirun -n N python tests/support/mpi_launch.py --with-mpi -m mpi tests
+                                          (from N = 3 on without those marked in_process, which run on
+                                          MPI at N = 1 and 2 only, and in 4. for every N)
+    4. the numerical multi-rank tests (marked mpi and in_process), for N in 1 2 3 4 8, on N ranks that
+       are threads of one pytest process (tests/conftest.py, zerompi/inprocess/):
+                                          python -m pytest -p no:mpi -m "mpi and in_process" --in-process-ranks N tests
 
 First the package is compiled to bytecode (`compileall`): the suite starts a few thousand Python
 processes, and where PYTHONDONTWRITEBYTECODE is set each of them would
@@ -105,13 +110,15 @@ class _Deadline:
 
 
 DEFERRED = re.compile(r"need --with-mpi option to run|Test requires (\d+) MPI processes, only \d+ MPI processes "
-                      r"specified, skipping test")         # pytest-mpi's words
+                      r"specified, skipping test"          # pytest-mpi's words
+                      r"|needs (\d+) in-process ranks, this run has \d+")   # tests/conftest.py's
 
 
 def deferred(reason):
     """Whether a skip reason is a multi-rank test's that one of the runs with RANK_COUNTS runs."""
     match = DEFERRED.fullmatch(reason)
-    return bool(match) and (match.group(1) is None or int(match.group(1)) <= max(RANK_COUNTS))
+    need = match and (match.group(1) or match.group(2))
+    return bool(match) and (need is None or int(need) <= max(RANK_COUNTS))
 
 
 def summary(totals):
@@ -134,8 +141,13 @@ def main():
             ("slurm", pytest + SLURM_TESTS, SLURM_LIMIT_SECONDS)]
     for n in RANK_COUNTS:
         runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
-                                    "-q", "-rs", "-x", "--with-mpi", "-m", "mpi", "-p", "no:cacheprovider",
-                                    *[f"--ignore={path}" for path in SLURM_TESTS], "tests"],
+                                    "-q", "-rs", "-x", "--with-mpi", "-m", "mpi" if n <= 2 else "mpi and not in_process",
+                                    "-p", "no:cacheprovider", *[f"--ignore={path}" for path in SLURM_TESTS], "tests"],
+                     LIMIT_SECONDS))
+    for n in RANK_COUNTS:
+        runs.append((f"in-process n={n}", pytest + ["-x", "-p", "no:mpi", "-p", "no:cacheprovider", "-m",
+                                                    "mpi and in_process", "--in-process-ranks", str(n),
+                                                    *[f"--ignore={path}" for path in SLURM_TESTS], "tests"],
                      LIMIT_SECONDS))
     totals = [run(name, command, limit) for name, command, limit in runs]
     print("\n" + summary(totals), flush=True)

@@ -7,16 +7,13 @@ them on emulated nodes.
 """
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from helpers import (STEPS, assert_within_mixed_tolerance, consolidated, make_batches, micro_batches_for,
-                     reference, train_zero)
+                     reference, train_zero, world_size)
 from test_zero_equals_single_process_adamw import BF16, SIZES, assert_close_f64, size_id
 from zerompi.hierarchy import Grouping
-from zerompi.mpi import init_mpi
 
-init_mpi()                                  # N is read when the module is collected
-N = MPI.COMM_WORLD.Get_size()
+N = world_size()                            # read when the module is collected
 DIVISORS = [g for g in range(1, N + 1) if N % g == 0]
 # every hybrid grouping (S < N: S = N is flat ZeRO) and every hpZ node size, at this N
 GROUPINGS = ([(stage, Grouping(shard_group=g)) for g in DIVISORS[:-1] for stage in (1, 2, 3)] +
@@ -29,6 +26,7 @@ def case_id(value):
     return f"S{value.shard_group}" if value.shard_group else f"hpz-L{value.hpz_node_size}"
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("sizes", SIZES, ids=size_id)
 @pytest.mark.parametrize("stage,grouping", GROUPINGS, ids=case_id)
@@ -41,6 +39,7 @@ def test_float64_equals_single_process_adamw(stage, grouping, sizes):
         assert result.grad_norm == pytest.approx(norm, rel=1e-12)     # each shard counted once
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage,grouping", GROUPINGS, ids=case_id)
 def test_accumulation_and_clipping_equal_single_process_adamw(stage, grouping):
@@ -54,6 +53,7 @@ def test_accumulation_and_clipping_equal_single_process_adamw(stage, grouping):
     assert_close_f64(consolidated(engine), want)
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage,grouping", GROUPINGS, ids=case_id)
 def test_bf16_within_mixed_tolerance(stage, grouping):
@@ -64,6 +64,7 @@ def test_bf16_within_mixed_tolerance(stage, grouping):
     assert_within_mixed_tolerance(consolidated(engine), reference(sizes, BF16, batches)[0])
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage,grouping", GROUPINGS, ids=case_id)
 def test_model_state_divided_by_the_group(stage, grouping):
@@ -99,6 +100,7 @@ def test_the_gpu_path_within_mixed_tolerance(stage, grouping):
     assert_within_mixed_tolerance(consolidated(engine), reference(sizes, BF16, batches)[0])
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage,grouping", GROUPINGS, ids=case_id)
 def test_ledger_equals_the_ring_formula_with_micro_batches(stage, grouping):

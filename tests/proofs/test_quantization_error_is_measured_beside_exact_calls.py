@@ -22,6 +22,7 @@ def relative(approx, exact):
     return np.sqrt(sum(np.sum((a - e) ** 2) for a, e in zip(approx, exact)) / sum(np.sum(e ** 2) for e in exact))
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage, grouping, grads, two_hops", [(3, FLAT, QUANTIZER, False), (3, FLAT, INT4, False),
                                                               (3, Grouping(hpz_node_size=1), INT4, False),
@@ -51,6 +52,7 @@ def test_the_first_steps_errors_are_the_references(stage, grouping, grads, two_h
     assert e_g > (0.01 if grads.bits == 4 else 0.0005) or N == 1 and grads.bits == 8
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 def test_measuring_changes_no_weight_and_no_count_but_its_own():
     sizes, batches = SIZES[0], make_batches(SIZES[0], 3)
@@ -64,6 +66,7 @@ def test_measuring_changes_no_weight_and_no_count_but_its_own():
         {k: v[:3] for k, v in plain.items()}
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 def test_a_step_whose_gradient_overflowed_has_no_gradient_error_and_the_summary_skips_it():
     """fp16 with a loss scale that overflows the first step's gradients: qgZ's block turns NaN, the

@@ -29,6 +29,7 @@ def qgz_reference(sizes, dtype, batches, micro_batches=1, weights=False, bits=8,
     return reference(sizes, dtype, batches, reduced=reduced, seen=seen, **kwargs)
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("bits", [8, 4], ids=["int8", "int4"])
 @pytest.mark.parametrize("sizes", SIZES, ids=size_id)
@@ -49,6 +50,7 @@ def node_sizes():
     return [size for size in range(2, N) if N % size == 0]
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("bits", [8, 4], ids=["int8", "int4"])
 @pytest.mark.parametrize("stage", [2, 3])
@@ -73,6 +75,7 @@ def test_two_hops_across_nodes_equal_adamw_on_what_each_hop_reduces(stage, bits)
         assert (hops.node_comm.size, hops.cross_comm.size) == (node_size, N // node_size)
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("stage, grouping, weights", [(2, FLAT, False), (3, FLAT, True), (3, Grouping(hpz_node_size=1), True)],
                          ids=["stage2", "stage3-qwz", "stage3-hpz-qwz"])
@@ -87,6 +90,7 @@ def test_accumulation_clipping_and_full_zeropp_reduce_what_the_reference_reduces
     assert np.allclose([r.grad_norm for r in results], norms, rtol=1e-12)
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype, bits", [(np.float32, 8), (BF16, 8), (np.float16, 8), (np.float32, 4), (BF16, 4)],
                          ids=["float32", "bf16", "fp16", "float32-int4", "bf16-int4"])
@@ -94,6 +98,7 @@ def test_each_dtype_quantizes_its_own_gradients(dtype, bits):
     check_dtype(dtype, 2, partial(qgz_reference, bits=bits), grads_quantizer=QGZ[bits])
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("bits", [8, 4], ids=["int8", "int4"])
 @pytest.mark.parametrize("stage", [2, 3])

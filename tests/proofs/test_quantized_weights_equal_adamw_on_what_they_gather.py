@@ -12,19 +12,16 @@ from functools import partial
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from helpers import (LR, STEPS, assert_within_mixed_tolerance, consolidated, make_batches, micro_batches_for,
-                     reference, train_zero)
+                     reference, train_zero, world_size)
 from reference import through_blocks
 from test_zero_equals_single_process_adamw import BF16, SIZES, assert_close_f64, size_id
 from zerompi.hierarchy import FLAT, Grouping
 from zerompi.ledger import ALLGATHER, PARAMS
-from zerompi.mpi import init_mpi
 from zerompi.quantize import SCALES, Quantizer
 
-init_mpi()                                  # N is read when the module is collected
-N = MPI.COMM_WORLD.Get_size()
+N = world_size()                            # read when the module is collected
 BLOCK = 16                                  # small: many blocks per shard, and short last ones
 QUANTIZER = Quantizer(8, BLOCK)
 GROUPINGS = [FLAT] + [Grouping(hpz_node_size=g) for g in range(1, N + 1) if N % g == 0]
@@ -36,6 +33,7 @@ def quantized_reference(sizes, dtype, batches, **kwargs):
                      **kwargs)
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("sizes", SIZES, ids=size_id)
 @pytest.mark.parametrize("grouping", GROUPINGS, ids=grouping_id)
@@ -49,6 +47,7 @@ def test_float64_equals_adamw_on_the_gathered_weights(grouping, sizes):
                for w, e in zip(layer, exact_layer)) > 1e-6          # the quantization did change the training
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("grouping", GROUPINGS[:2], ids=grouping_id)
 def test_accumulation_and_clipping_see_the_same_gathered_weights(grouping):
@@ -61,6 +60,7 @@ def test_accumulation_and_clipping_see_the_same_gathered_weights(grouping):
     assert np.allclose([r.grad_norm for r in results], norms, rtol=1e-12)
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16], ids=["float32", "bf16", "fp16"])
 def test_each_dtype_quantizes_its_own_values(dtype):
@@ -97,6 +97,7 @@ def assert_within_quantized_tolerance(got, want, dtype):
     assert np.mean(diffs > 2e-6) <= 0.01 and diffs.max() <= 2 * LR * STEPS
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi
 @pytest.mark.parametrize("grouping", GROUPINGS[:2], ids=grouping_id)
 def test_the_ledger_counts_one_byte_per_level_and_four_per_scale(grouping):

@@ -18,15 +18,18 @@ Tolerances:
     the mean |difference| must stay below lr / 20 (measured: ~lr / 120 for bf16, lr / 5000 for
     fp16; one unupdated shard at N = 8 would give ~lr / 3), and no element may differ by more than
     2 lr per step: an element whose gradient is ~0 may flip the sign of its update, never more.
+
+Marked in_process: tests/run_all.py also runs them on in-process ranks (tests/conftest.py).
 """
 import ml_dtypes
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from helpers import (STEPS, assert_mixed_run_matches_reference, consolidated, make_batches, micro_batches_for,
-                     reference, train_zero)
+                     reference, train_zero, world, world_size)
 from reference import global_norm, initial_weights, loss_and_grads
+
+pytestmark = pytest.mark.in_process
 
 SIZES = [
     [12, 37, 53, 7],       # layers of 481, 2014 and 378 elements: padding at every N > 1 (481 is odd)
@@ -43,7 +46,7 @@ def test_the_first_model_pads_a_shard_at_every_n_and_the_others_divide_evenly_at
     """A layer holds O (I + 1) elements, even whenever I is odd: [13, 37, 53, 7] had no padding at
     N = 2, and the equivalence at N = 2 never saw a padded shard."""
     from zerompi.layout import Layout
-    n = MPI.COMM_WORLD.Get_size()
+    n = world_size()
     padded = [u.padded - u.numel for u in Layout(SIZES[0], n).layers]
     assert (max(padded) > 0) == (n > 1), padded
 
@@ -126,8 +129,8 @@ def test_mixed_precision_reduced_gradient_is_the_global_gradient(stage, dtype):
     plus fp16's subnormal spacing; and the reported norm within the same bound of the oracle's. A
     scale off by N is off by (1 - 1/N) ||g||: >= 50% at N >= 2, against a bound of (N + 1) 2u
     (~2-7% for bf16 at N = 2-8, <1% for fp16)."""
-    sizes, comm = SIZES[0], MPI.COMM_WORLD
-    n_ranks = comm.Get_size()
+    sizes, comm = SIZES[0], world()
+    n_ranks = comm.size
     loss_scale = 1024.0 if dtype == np.float16 else 1.0
     batches = make_batches(sizes, 1)
     engine, results = train_zero(stage, sizes, dtype, batches, loss_scale=loss_scale)
@@ -157,11 +160,12 @@ def test_mixed_precision_reduced_gradient_is_the_global_gradient(stage, dtype):
     subnormal = (n_ranks + 1) * 2.0 ** -24 / loss_scale * np.sqrt(engine.layout.shard_numel) if dtype == np.float16 else 0.0
     bound = 2 * u * bound + subnormal
     assert np.sqrt(diff_sq) <= bound
-    total_diff = np.sqrt(comm.allreduce(diff_sq))
-    total_bound = np.sqrt(comm.allreduce(bound ** 2))
+    totals = np.array([diff_sq, bound ** 2, want_sq])
+    comm.allreduce_sum(totals, "metrics")                   # over every rank's owned elements
+    total_diff, total_bound = np.sqrt(totals[:2])
     assert total_diff <= total_bound
     assert abs(results[0].grad_norm - global_norm(want)) <= total_bound
-    assert comm.allreduce(want_sq) > 0                      # the gradient is not all zeros
+    assert totals[2] > 0                                    # the gradient is not all zeros
 
 
 @pytest.mark.mpi
@@ -172,7 +176,7 @@ def test_mixed_precision_accumulation_stays_within_the_mixed_tolerance(stage, dt
     grows with M); at M = 2-3 the result stays within the mixed-precision tolerance above."""
     sizes = SIZES[0]
     batches = make_batches(sizes, STEPS)
-    assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches_for(MPI.COMM_WORLD.Get_size()))
+    assert_mixed_run_matches_reference(stage, sizes, dtype, batches, micro_batches_for(world_size()))
 
 
 @pytest.mark.mpi
@@ -180,7 +184,7 @@ def test_mixed_precision_accumulation_stays_within_the_mixed_tolerance(stage, dt
 def test_gradient_accumulation_equals_one_large_batch(stage):
     sizes = SIZES[0]
     batches = make_batches(sizes, STEPS)
-    k = micro_batches_for(MPI.COMM_WORLD.Get_size())
+    k = micro_batches_for(world_size())
     got = consolidated(train_zero(stage, sizes, np.float64, batches, micro_batches=k)[0])
     want, _ = reference(sizes, np.float64, batches)
     assert_close_f64(got, want)
@@ -191,7 +195,7 @@ def test_gradient_accumulation_equals_one_large_batch(stage):
 def test_accumulation_keeps_no_full_gradient_in_stages_2_and_3(stage):
     """With micro-batches, stages 2-3 still hold only the gradient shard (and one layer gradient buffer)."""
     sizes = SIZES[0]
-    k = micro_batches_for(MPI.COMM_WORLD.Get_size())
+    k = micro_batches_for(world_size())
     engine, _ = train_zero(stage, sizes, np.float64, make_batches(sizes, 1), micro_batches=k)
     grads = [shape for kind, _, shape, *_ in engine.memory.buffers if kind == "grads"]
     expected = engine.layout.full_numel if stage <= 1 else engine.layout.shard_numel
@@ -235,7 +239,7 @@ def test_fp16_overflow_skips_the_step_on_every_rank(stage):
     for (w, b), (w0, b0) in zip(consolidated(engine), initial_weights(sizes, 0, np.float16)):
         assert np.array_equal(w, w0.astype(np.float64)) and np.array_equal(b, b0.astype(np.float64))
     flags = np.array([results[0].applied], dtype=np.int64)
-    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, flags)
+    world().allreduce_sum(flags, "metrics")
     assert flags[0] == 0                                       # no rank disagreed
 
 
@@ -246,12 +250,12 @@ def test_every_rank_ends_with_the_same_model():
     rank that skipped a step); this compares them, each read where it lives (no collective). (At stages 1-3 each element is updated on its owner only and all-gathered to
     the others: the copies are one by construction, and reading them back is that all-gather, so a
     comparison there could not fail; their values are what the equivalence tests check.)"""
-    sizes, comm = SIZES[0], MPI.COMM_WORLD
+    sizes = SIZES[0]
     engine, _ = train_zero(0, sizes, np.float64, make_batches(sizes, STEPS))
     flat = np.array(engine.stage.param_full)                  # this rank's own copy
-    first = flat.copy()
-    comm.Bcast(first, root=0)
-    assert np.array_equal(flat, first)
+    copies = np.zeros((engine.comm.size, flat.size)) if engine.comm.rank == 0 else None
+    engine.comm.gather_to_root(flat, copies)
+    assert engine.comm.rank != 0 or all(np.array_equal(copy, flat) for copy in copies)
 
 
 @pytest.mark.mpi

@@ -10,8 +10,7 @@ and elements, per operation and purpose) equals STEPS times the plan's one step.
 """
 import pytest
 
-from helpers import make_batches, train_zero
-from zerompi.comm import Communicator
+from helpers import make_batches, train_zero, world, world_size
 from zerompi.hierarchy import FLAT, Grouping
 from zerompi.offload import FileTier, OffloadedAdamConfig
 from zerompi.overlap import OverlapConfig
@@ -21,7 +20,6 @@ from zerompi.quantize import Quantizer, two_hop_node_size
 
 SIZES = [12, 37, 53, 7]   # a layer of 481 elements: a padded shard at every N > 1
 STEPS = 2
-WORLD = Communicator()
 
 
 def groupings(n):
@@ -44,7 +42,7 @@ def ledger_rows(ledger, times=1):
 
 def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_params=None, quantizer=None,
           grads_quantizer=None, quant_error=False):
-    comm = Communicator()
+    comm = world()
     adam = OffloadedAdamConfig(tier=offload, param_tier=offload_params) if offload else None
     batches = make_batches(SIZES, STEPS, rows=24 * micro_batches)
     config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
@@ -65,17 +63,19 @@ def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_
         assert plan.ledger.inter_node({"grads", "params", "metrics"})[0] > 0
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("stage, dtype, micro_batches, overlap", CASES)
 def test_plan_equals_the_ledgers_of_a_run(stage, dtype, micro_batches, overlap):
     check(stage, dtype, micro_batches, overlap, FLAT)
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("stage", [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_plan_equals_the_ledgers_of_a_hierarchical_run(stage, dtype):
-    for grouping in groupings(WORLD.size)[1:]:
+    for grouping in groupings(world_size())[1:]:
         if grouping.hpz_node_size and stage != 3:
             continue
         check(stage, dtype, 2, False, grouping)
@@ -86,7 +86,7 @@ def test_plan_equals_the_ledgers_of_a_hierarchical_run(stage, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_plan_equals_the_ledgers_of_an_offloaded_run(stage, dtype, tmp_path):
     """The plan's file tier makes no file, and ledgers what the run's does (its tier included)."""
-    check(stage, dtype, 1, False, FLAT, FileTier(str(tmp_path), WORLD.rank))
+    check(stage, dtype, 1, False, FLAT, FileTier(str(tmp_path), world().rank))
 
 
 @pytest.mark.mpi(min_size=1)
@@ -95,7 +95,7 @@ def test_plan_equals_the_ledgers_of_an_offloaded_run(stage, dtype, tmp_path):
 def test_plan_equals_the_ledgers_of_a_run_with_offloaded_parameters(dtype, micro_batches, tmp_path):
     """Stage 3 with the parameter shard in a file too: the plan ledgers its buffers and the shard's
     file tier, and its gathers read nothing."""
-    tier = FileTier(str(tmp_path), WORLD.rank)
+    tier = FileTier(str(tmp_path), world().rank)
     check(3, dtype, micro_batches, False, FLAT, tier, tier)
 
 
@@ -105,12 +105,13 @@ def test_plan_equals_the_ledgers_of_a_run_with_quantized_weights(dtype, tmp_path
     """qwZ flat, with hpZ at every node size, and with the parameter shard in a file: its work
     buffers and its levels' and scales' gathers planned as the run makes them."""
     quantizer = Quantizer(8, 16)
-    for grouping in [FLAT] + [g for g in groupings(WORLD.size) if g.hpz_node_size]:
+    for grouping in [FLAT] + [g for g in groupings(world_size()) if g.hpz_node_size]:
         check(3, dtype, 2, False, grouping, quantizer=quantizer)
-    tier = FileTier(str(tmp_path), WORLD.rank)
+    tier = FileTier(str(tmp_path), world().rank)
     check(3, dtype, 1, False, FLAT, tier, tier, quantizer)
 
 
+@pytest.mark.in_process
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_plan_equals_the_ledgers_of_a_run_with_quantized_gradients(dtype):
@@ -120,5 +121,5 @@ def test_plan_equals_the_ledgers_of_a_run_with_quantized_gradients(dtype):
     quantizer = Quantizer(8, 16)
     check(2, dtype, 2, False, FLAT, grads_quantizer=Quantizer(4, 16))
     check(3, dtype, 2, False, FLAT, quantizer=quantizer, grads_quantizer=Quantizer(4, 16), quant_error=True)
-    for grouping in [FLAT] + [g for g in groupings(WORLD.size) if g.hpz_node_size]:
+    for grouping in [FLAT] + [g for g in groupings(world_size()) if g.hpz_node_size]:
         check(3, dtype, 2, False, grouping, quantizer=quantizer, grads_quantizer=quantizer)

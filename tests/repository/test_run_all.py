@@ -46,13 +46,16 @@ def test_multi_rank_tests_waiting_for_a_later_run_are_deferred_not_skipped():
     """Multi-rank tests skipped in a run without the ranks they need run in a later one: deferred, apart from the skips."""
     reasons = collections.Counter({"need --with-mpi option to run": 290, "no GPU here": 1,
                                    "Test requires 4 MPI processes, only 2 MPI processes specified, skipping test": 8,
-                                   "Test requires 16 MPI processes, only 8 MPI processes specified, skipping test": 2})
-    lines = summary([(100, 0, 301, reasons, True)]).splitlines()
-    assert lines[0].startswith("all: 100 passed, 0 failed, 3 skipped, 298 deferred"), lines
+                                   "Test requires 16 MPI processes, only 8 MPI processes specified, skipping test": 2,
+                                   "needs 4 in-process ranks, this run has 2": 5, "needs 9 in-process ranks, this run has 8": 1})
+    lines = summary([(100, 0, 307, reasons, True)]).splitlines()
+    assert lines[0].startswith("all: 100 passed, 0 failed, 4 skipped, 303 deferred"), lines
     assert lines[1:] == ["  skipped    2: Test requires 16 MPI processes, only 8 MPI processes specified, skipping test",
                          "  skipped    1: no GPU here",
+                         "  skipped    1: needs 9 in-process ranks, this run has 8",
                          "  deferred 290: need --with-mpi option to run",
-                         "  deferred   8: Test requires 4 MPI processes, only 2 MPI processes specified, skipping test"]
+                         "  deferred   8: Test requires 4 MPI processes, only 2 MPI processes specified, skipping test",
+                         "  deferred   5: needs 4 in-process ranks, this run has 2"]
 
 
 def test_a_line_without_a_summary_counts_nothing():

@@ -1,4 +1,9 @@
-"""Shared by the multi-rank tests: a few ZeRO steps on a fixed global batch sequence."""
+"""Shared by the multi-rank tests: a few ZeRO steps on a fixed global batch sequence, and the world a
+test runs in: MPI's (under mpirun), or this thread's rank of in-process ranks (tests/conftest.py's
+--in-process-ranks N runs the tests marked in_process so, on zerompi/inprocess/)."""
+import os
+import threading
+
 import numpy as np
 
 from zerompi.adam import AdamConfig
@@ -12,6 +17,43 @@ from zerompi.precision import precision_for
 from zerompi.quantize import quantized_collectives
 from zerompi.step import train_step
 from reference import adamw_train, initial_weights
+
+IN_PROCESS_RANKS = "ZEROMPI_TEST_IN_PROCESS_RANKS"     # set by tests/conftest.py for --in-process-ranks
+_RANK = threading.local()                              # .comm: this thread's in-process rank
+
+
+def world():
+    """A communicator of every rank, as a new Communicator() is over MPI's world (its own ledger):
+    over this thread's in-process ranks, or MPI's."""
+    rank = getattr(_RANK, "comm", None)
+    if rank is None:
+        return Communicator()
+    from zerompi.inprocess import InProcessCommunicator
+    return InProcessCommunicator(rank.hub, rank.rank, rank.node_of_rank)
+
+
+def world_size():
+    """N: the in-process ranks' count (--in-process-ranks, known when modules are collected), or MPI's."""
+    if os.environ.get(IN_PROCESS_RANKS):
+        return int(os.environ[IN_PROCESS_RANKS])
+    from zerompi.mpi import MPI, init_mpi
+    init_mpi()
+    return MPI.COMM_WORLD.Get_size()
+
+
+def on_ranks(fn, kwargs, num_ranks):
+    """fn(**kwargs) on num_ranks in-process ranks, each thread's world() its rank; a rank's failure
+    (an assert, a pytest.skip) raised as itself."""
+    from zerompi.inprocess import RankFailed, run_ranks
+
+    def rank_main(comm):
+        _RANK.comm = comm
+        return fn(**kwargs)
+    try:
+        run_ranks(rank_main, num_ranks, timeout=120)
+    except RankFailed as failed:
+        raise failed.error
+
 
 GLOBAL_BATCH = 24          # divisible by every N tested: 1, 2, 3, 4, 8
 STEPS = 3                  # steps of the equivalence runs
@@ -31,7 +73,7 @@ def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro
     AdamConfig with the suite's weight decay (zerompi/offload/'s to offload its state);
     quantizer, grads_quantizer: qwZ's and qgZ's (zerompi/quantize/), or None; grads_node_size: qgZ's
     two hops over nodes of that many ranks; quant_error: their errors measured (--quant-error)."""
-    comm = comm if comm is not None else Communicator()
+    comm = comm if comm is not None else world()
     rows = global_batch // (comm.size * micro_batches)
     adam = adam if adam is not None else AdamConfig(weight_decay=WEIGHT_DECAY)
     stage_class = OffloadedStage3 if getattr(adam, "param_tier", None) else None     # --offload-params

@@ -95,7 +95,6 @@ class InProcessCommunicator(Communicator):
         self.staging = ReductionStaging()
         self.guards = InProcessGuards(hub, rank)      # --check-collectives (guards.py)
         self.transport = InProcessTransport(hub, rank)
-        self.made = 0                                   # communicators split or duplicated from this one
 
     # ---- control messages (zerompi/control.py's, between threads)
     def first_failing_rank(self, error):
@@ -145,13 +144,11 @@ class InProcessCommunicator(Communicator):
         return twin
 
     def _made(self, members, color):
-        self.made += 1
-        hub = self.hub.child((self.made, color), list(members))
+        hub = self.hub.child(color, list(members), self.rank)
         sub = copy.copy(self)
         sub.hub, sub.rank, sub.size = hub, list(members).index(self.rank), hub.size
         sub.transport = InProcessTransport(hub, sub.rank)
         sub.guards = self.guards.twin(hub, sub.rank, members)
-        sub.made = 0
         sub.staging = ReductionStaging()
         return sub
 

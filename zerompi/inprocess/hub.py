@@ -72,7 +72,8 @@ class Hub:
         self.calls = [None] * size           # what each rank is in: (its call number, its name)
         self.counts = [0] * size
         self.lock = threading.Lock()
-        self.children = {}                   # (this hub's split number, color) -> Hub
+        self.children = {}                   # (a rank's split number on this hub, color) -> Hub
+        self.made = [0] * size               # splits and duplicates each rank has made on this hub
         self.family = family if family is not None else []
         self.family.append(self)
         self.reason = None                   # why the run stopped, once it did
@@ -97,9 +98,11 @@ class Hub:
         """Collective: every rank has read the slots."""
         self._wait(rank)
 
-    def child(self, key, members):
-        """The hub of the ranks `members` (a split or a duplicate), made by whichever arrives first;
-        broken at once if the run has stopped."""
+    def child(self, color, members, rank):
+        """The hub of the ranks `members` (rank's next split or duplicate on this hub, of this color),
+        made by whichever arrives first; broken at once if the run has stopped."""
+        self.made[rank] += 1                 # every rank splits in the same order: the keys agree
+        key = (self.made[rank], color)
         with self.lock:
             if key not in self.children:
                 self.children[key] = Hub(len(members), self.timeout, self.family)
