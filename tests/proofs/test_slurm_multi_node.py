@@ -116,12 +116,14 @@ def test_a_rank_killed_on_the_second_node_ends_the_job(cluster, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_preempted_job_requeues_resumes_across_the_nodes_and_matches_an_uninterrupted_run(cluster, tmp_path):
-    training = ["--steps", "300", "--hidden", "16", "--batch-size", "128", "--report", "none"]
+    # long enough that the signal lands while it trains (300 steps took 0.2 s on a quiet machine, and
+    # the signal came after the last: test_slurm.py's single-node twin trains 3000 too)
+    training = ["--steps", "3000", "--hidden", "16", "--batch-size", "128", "--report", "none"]
     job = submit(cluster, tmp_path, *TWO_BY_TWO, "--cpus-per-task=1",
-                 args=[*training, "--save-every", "100", "--log-every", "25"])
+                 args=[*training, "--save-every", "1000", "--log-every", "250"])
     log = os.path.join(tmp_path, "runs", f"zerompi-cpu-multi-{job}", "train.log")
     deadline = time.time() + 120
-    while not (os.path.exists(log) and "step  25/300" in open(log).read()):   # running and training
+    while not (os.path.exists(log) and "step  250/3000" in open(log).read()):   # running and training
         assert time.time() < deadline, job_output(tmp_path, job)
         time.sleep(0.2)
     on_node_1(cluster, ["scancel", "--signal=USR1", "--batch", job], check=True)
