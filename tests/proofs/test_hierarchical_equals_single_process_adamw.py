@@ -1,5 +1,5 @@
 """Hybrid sharding (--shard-group S) and hpZ (--hpz) compute what single-process AdamW computes,
-for every group size that divides N (run under mpirun with N = 1, 2, 3, 4, 8), uneven sizes
+for every group size that divides N (run with N = 1, 2, 3, 4, 8: on in-process ranks, and under mpirun at N = 1, 2), uneven sizes
 included, with gradient accumulation and clipping by the global norm; the same tolerances as
 test_zero_equals_single_process_adamw.py. On one machine the "nodes" of hpZ are groups of L
 consecutive ranks (zerompi.hierarchy.Grouping takes L as given); tests/program/test_multi_node.py runs

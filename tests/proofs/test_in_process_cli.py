@@ -65,6 +65,32 @@ def test_check_collectives_checks_the_in_process_ranks_and_lets_a_run_that_agree
     assert "held-out accuracy" in run.output
 
 
+SLOWED = ("import sys, time\n"
+          "from zerompi.train.loop import run\n"
+          "def rank_main(comm, *args, _original=run.rank_main, **kwargs):\n"
+          "    if comm.rank == int(sys.argv[1]):\n"
+          "        {what}\n"
+          "    return _original(comm, *args, **kwargs)\n"
+          "run.rank_main = rank_main\n"
+          "raise SystemExit(run.main(sys.argv[2:]))\n")
+
+
+@pytest.mark.parametrize("what, n, status, words", [
+    ("time.sleep(5)", 2, ExitCode.COLLECTIVE_TIMEOUT, "ranks 1 did not arrive"),
+    ("raise OSError('the disk went away')", 8, ExitCode.FAILED, "rank 7 failed: OSError: the disk went away")],
+    ids=["deadline", "a-rank-raises"])
+def test_a_rank_late_past_the_deadline_or_raising_ends_the_run_with_one_line_at_once(tmp_path, what, n, status, words):
+    """A collective that waits past --collective-timeout: exit 6 (as the MPI watchdog's), one line and no
+    traceback; the last rank raising: its line, with no wait for its turn (ranks in one process stagger
+    nothing)."""
+    code = SLOWED.format(what=what)
+    run = run_command([sys.executable, "-c", code, str(n - 1), "--in-process-ranks", str(n), *map(str, FLAGS),
+                       "--steps", "3", "--collective-timeout", "1"], cwd=tmp_path)
+    errors = [line for line in run.output.splitlines() if ERROR_MARK in line]
+    assert run.returncode == status and len(errors) == 1 and words in errors[0], run.describe()
+    assert ("Traceback" in run.output) == (status == ExitCode.FAILED) and run.seconds < 8, run.describe()
+
+
 def test_it_trains_where_mpi4py_cannot_be_imported(tmp_path):
     code = ("import sys; sys.modules['mpi4py'] = None\n"            # importing it raises ImportError
             "from zerompi.train.loop.run import main\n"

@@ -188,6 +188,20 @@ def test_check_collectives_names_both_call_sites_of_a_disagreement(capsys):
 
 
 @pytest.mark.timeout(60)
+def test_check_collectives_also_checks_control_messages(capsys):
+    """A control message (zerompi/control.py's, guarded as under MPI) against a training collective."""
+    def fn(comm):
+        comm.guards.turn_on(check_collectives=True)
+        comm.first_failing_rank(None) if comm.rank == 0 else comm.allreduce_sum(np.zeros(2), "grads")
+
+    with pytest.raises(SystemExit) as stopped:
+        run_ranks(fn, 2)
+    line = capsys.readouterr().err.strip()
+    assert stopped.value.code == ExitCode.COLLECTIVE_MISMATCH and "rank 0: allreduce_min of 1 int64 (control) at " \
+        "tests/proofs/test_in_process_ranks_equal_mpi_and_adamw.py:" in line and "rank 1: allreduce of 2 float64" in line, line
+
+
+@pytest.mark.timeout(60)
 def test_the_first_rank_to_fail_is_named_with_overlap_and_splits_after_it_do_not_wait(monkeypatch):
     """Rank 2 raises after building its engine: the others' communication threads (--overlap) stop,
     and RankFailed names rank 2, not a rank whose thread the stop reached; a rank that splits after

@@ -5,7 +5,7 @@ contribution (at the weights the layers saw) through the blocks (each node's sum
 two hops) against the exact sum,
 both written out in tests/proofs/reference.py. Measuring changes nothing: the weights are bitwise
 those of the run that does not measure, and so is every count but the exact calls' own purpose.
-Run under mpirun with N = 1, 2, 3, 4, 8."""
+Run with N = 1, 2, 3, 4, 8 (on in-process ranks; under mpirun at N = 1, 2)."""
 import numpy as np
 import pytest
 

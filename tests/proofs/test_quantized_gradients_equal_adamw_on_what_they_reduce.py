@@ -1,7 +1,7 @@
 """qgZ (--quantize-grads int8 and int4, zerompi/quantize/reduce.py) computes what single-process AdamW computes
 when its gradient is what qgZ reduces: each rank's contribution to each micro-batch through the block
 quantizer once, the owner's float sum (tests/proofs/reference.py's reduced_through_blocks, written
-from the formula). Run under mpirun with N = 1, 2, 3, 4, 8: stages 2 and 3, uneven shards and short
+from the formula). Run with N = 1, 2, 3, 4, 8 (on in-process ranks; under mpirun at N = 1, 2): stages 2 and 3, uneven shards and short
 last blocks, gradient accumulation and clipping, with qwZ and hpZ beside it. Tolerances as
 test_quantized_weights_equal_adamw_on_what_they_gather.py's (whose cases this file reuses). The
 ledger counts the all-to-alls' levels and scales exactly."""

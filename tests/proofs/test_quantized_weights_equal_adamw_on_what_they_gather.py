@@ -1,7 +1,7 @@
 """qwZ (--quantize-weights int8, zerompi/quantize/gather.py) computes what single-process AdamW
 computes when its forward and backward see the weights as qwZ gathers them: each layer's shards
 through the block quantizer (tests/proofs/reference.py's through_blocks, written from the
-formula), while AdamW updates the exact weights. Run under mpirun with N = 1, 2, 3, 4, 8: flat
+formula), while AdamW updates the exact weights. Run with N = 1, 2, 3, 4, 8 (on in-process ranks; under mpirun at N = 1, 2): flat
 stage 3 and hpZ at every node size, uneven shards and short last blocks, gradient accumulation and
 clipping. float64 within 1e-12 (the summation-order difference of
 test_zero_equals_single_process_adamw.py: the quantizer rounds each value to float32 first, so an

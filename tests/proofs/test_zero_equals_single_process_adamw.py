@@ -1,5 +1,5 @@
 """The central property: ZeRO computes what single-process AdamW computes on the same global batch,
-for every stage and every N (run under mpirun with N = 1, 2, 3, 4, 8), uneven sizes included;
+for every stage and every N (run with N = 1, 2, 3, 4, 8: on in-process ranks, and under mpirun at N = 1, 2), uneven sizes included;
 and so do gradient accumulation, clipping by the global norm, and mixed precision.
 
 Tolerances:

@@ -25,9 +25,10 @@ import threading
 import time
 
 from .communicator import InProcessCommunicator, InProcessTransport
-from .hub import Hub, RanksStopped
+from .hub import CollectivesDiffer, CollectiveTimeout, Hub, RanksStopped
 
-__all__ = ["run_ranks", "RankFailed", "RanksStopped", "InProcessCommunicator", "InProcessTransport", "Hub",
+__all__ = ["run_ranks", "RankFailed", "RanksStopped", "CollectiveTimeout", "CollectivesDiffer", "InProcessCommunicator",
+           "InProcessTransport", "Hub",
            "DEFAULT_TIMEOUT", "STRAGGLER_SECONDS"]
 
 DEFAULT_TIMEOUT = 300.0          # seconds a collective waits for every rank (None: for ever)

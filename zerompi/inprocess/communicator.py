@@ -24,7 +24,7 @@ import numpy as np
 
 from ..comm import Communicator, ReductionStaging
 from ..cpu import CPU
-from ..ledger import CommLedger
+from ..ledger import BOOKKEEPING, CONTROL, CommLedger
 from ..nodes import number_nodes, sends_across_nodes
 from .guards import InProcessGuards
 
@@ -96,35 +96,48 @@ class InProcessCommunicator(Communicator):
         self.guards = InProcessGuards(hub, rank)      # --check-collectives (guards.py)
         self.transport = InProcessTransport(hub, rank)
 
-    # ---- control messages (zerompi/control.py's, between threads)
+    # ---- control messages (zerompi/control.py's, between threads; guarded alike)
     def first_failing_rank(self, error):
-        slots = self.hub.meet(self.rank, error is not None, "first_failing_rank")
-        failing = next((r for r, failed in enumerate(slots) if failed), None)
+        flag = np.array([self.rank if error is not None else self.size], dtype=np.int64)
+        self.guards.begin("allreduce_min", CONTROL, flag)
+        slots = self.hub.meet(self.rank, flag, "first_failing_rank")
+        lowest = min(int(s[0]) for s in slots)
         self.hub.release(self.rank)
-        return failing
+        self.guards.end()
+        return lowest if lowest < self.size else None
 
     def max_all(self, values):
+        self.guards.begin("allreduce_max", CONTROL, values)
         slots = self.hub.meet(self.rank, values, "max_all")
         largest = np.maximum.reduce([np.asarray(s) for s in slots])
         self.hub.release(self.rank)
+        self.guards.end()
         values[...] = largest
 
     def gather_to_root(self, send, recv):
+        self.guards.begin("gather", BOOKKEEPING, send)
         slots = self.hub.meet(self.rank, send, "gather")
         if self.rank == 0:
             for r, s in enumerate(slots):
                 recv[r] = s
         self.hub.release(self.rank)
+        self.guards.end()
 
     def gather_bytes_to_root(self, data):
+        self.guards.begin("gatherv", BOOKKEEPING, None)
         slots = self.hub.meet(self.rank, bytes(data), "gather_bytes")
         received = list(slots) if self.rank == 0 else None
         self.hub.release(self.rank)
+        self.guards.end()
         return received
 
     def barrier(self):
         self.hub.meet(self.rank, None, "barrier")
         self.hub.release(self.rank)
+
+    def ranks_on_this_node(self):
+        """All of them: the threads share this machine's memory and cores, whatever nodes they emulate."""
+        return self.size
 
     # ---- communicators on some of the ranks, or on the same ranks
     def split(self, color_of):

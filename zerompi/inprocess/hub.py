@@ -12,7 +12,8 @@ Reductions add the ranks' inputs in rank order, 0 + 1 + ... + (N-1), on every ra
 
 Lockstep (run_ranks' `pause`): at each meeting of the world's hub, once every rank's input is
 there, a callback runs in rank 0's thread with the meeting's number, name and every rank's input,
-while the other ranks wait; then all go on.
+while the other ranks wait; then all go on (the deadline covers that wait too: timeout None to
+stop at a breakpoint in it).
 
 A barrier that does not fill breaks: after `timeout` seconds (the --collective-timeout deadline;
 None waits for ever, for a debugger), or at once when a rank failed (`abort`, called by the
@@ -24,6 +25,14 @@ import threading
 
 class RanksStopped(RuntimeError):
     """A collective could not complete: a rank failed, or did not arrive before the deadline."""
+
+
+class CollectiveTimeout(RanksStopped):
+    """A rank did not arrive at a collective before the deadline."""
+
+
+class CollectivesDiffer(RanksStopped):
+    """The ranks met in different collectives."""
 
 
 class Meeting:
@@ -86,7 +95,7 @@ class Hub:
         self.calls[rank] = (self.counts[rank], name)
         self._wait(rank)
         if len({call for call in self.calls}) > 1:
-            raise RanksStopped(f"collective #{self.counts[rank]} of {self.size} ranks differs: "
+            raise CollectivesDiffer(f"collective #{self.counts[rank]} of {self.size} ranks differs: "
                                + ", ".join(f"rank {r} called {call[1]}" for r, call in enumerate(self.calls)))
         if self.pause is not None:                   # lockstep: every rank waits while rank 0's thread looks
             if rank == 0:
@@ -123,7 +132,9 @@ class Hub:
         try:
             self.barrier.wait()
         except threading.BrokenBarrierError:
-            raise RanksStopped(self.reason or self._late(rank)) from None
+            if self.reason:
+                raise RanksStopped(self.reason) from None
+            raise CollectiveTimeout(self._late(rank)) from None
 
     def _late(self, rank):
         """The deadline passed: who waited in which call, and who did not come."""

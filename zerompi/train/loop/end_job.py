@@ -11,6 +11,7 @@ import traceback
 
 from .lock import release_locks
 from .signals import ACT_WITHIN_SECONDS, Interrupted
+from ...inprocess import CollectivesDiffer, CollectiveTimeout
 from ...offload import OffloadError
 from ...util.exit_codes import ExitCode
 from ...mpi import abort_job
@@ -18,14 +19,16 @@ from ...util.inputs import printable
 from ...observe.watchdog import MAX_STAGGER_SECONDS, await_announced_abort, report_then_abort, stagger
 
 
-def end_job(rank, line, exit_code, standing_by=False, before="", later=0.0):
+def end_job(rank, line, exit_code, standing_by=False, before="", later=0.0, alone=False):
     """End every rank with exit_code and one line (after `before`, a traceback), from the lowest
     rank that fails: rank r waits stagger(r) seconds first (several ranks failing at once: the
     lowest reports, its abort ends the rest). standing_by: the signal watcher, whose main thread
     waits in MPI: a rank but the lowest also gives the lowest one's abort MAX_STAGGER_SECONDS to
     come first; later: seconds more a rank but the lowest gives it (a signal every rank got, which
-    the lowest may act on only from its watcher, signals.py). Never returns."""
-    time.sleep(stagger(rank) + (MAX_STAGGER_SECONDS if standing_by and rank else later if rank else 0))
+    the lowest may act on only from its watcher, signals.py); alone: the job is this process (ranks
+    in one process, in_process.py): no other to wait for. Never returns."""
+    if not alone:
+        time.sleep(stagger(rank) + (MAX_STAGGER_SECONDS if standing_by and rank else later if rank else 0))
     report_then_abort(before + printable(line), abort_releasing_locks, exit_code)
     await_announced_abort()                # another thread announced first: its abort ends this process
 
@@ -36,17 +39,20 @@ def abort_releasing_locks(exit_code):
     abort_job(exit_code)
 
 
-def end_with(e, rank, signals):
-    """End the job for what `rank` raised, with one line and its kind's status (zerompi/util/exit_codes.py)."""
+def end_with(e, rank, signals, alone=False):
+    """End the job for what `rank` raised, with one line and its kind's status (zerompi/util/exit_codes.py);
+    alone: ranks in one process (end_job's)."""
     if isinstance(e, Interrupted):             # a signal that ends the run at once (signals.py); rank 0 may
         end_job(rank, f"zerompi: error: rank {rank}: {e}", ExitCode.INTERRUPTED,   # be in MPI, its
-                later=2 * ACT_WITHIN_SECONDS)  # watcher acting ACT_WITHIN_SECONDS later: the others wait for it
+                later=2 * ACT_WITHIN_SECONDS, alone=alone)  # watcher acting ACT_WITHIN_SECONDS later
     signals.stand_down()
-    if isinstance(e, OffloadError):            # an offload file not created, read or written (zerompi/offload/)
-        end_job(rank, f"zerompi: error: rank {rank}: {e}", ExitCode.OFFLOAD_FAILED)
+    for kind, code in ((CollectiveTimeout, ExitCode.COLLECTIVE_TIMEOUT), (CollectivesDiffer, ExitCode.COLLECTIVE_MISMATCH),
+                       (OffloadError, ExitCode.OFFLOAD_FAILED)):   # the in-process ranks' deadline and meetings
+        if isinstance(e, kind):                # (zerompi/inprocess/hub.py); an offload file (zerompi/offload/)
+            end_job(rank, f"zerompi: error: rank {rank}: {e}", code, alone=alone)
     if isinstance(e, MemoryError):             # after the preflight (zerompi/plan/preflight.py): one line
         end_job(rank, f"zerompi: error: rank {rank} ran out of memory ({e or 'MemoryError'}): other processes "
                       f"took memory the preflight had counted, or it fragmented; `--dry-run` shows the plan",
-                ExitCode.OUT_OF_MEMORY)
+                ExitCode.OUT_OF_MEMORY, alone=alone)
     end_job(rank, f"zerompi: error: rank {rank} failed: {type(e).__name__}: {e}", ExitCode.FAILED,   # a bug or an
-            before=traceback.format_exc())     # MPI failure: never leave ranks hanging
+            before=traceback.format_exc(), alone=alone)     # MPI failure: never leave ranks hanging

@@ -356,7 +356,7 @@ def main(argv=None):
     except SystemExit:
         raise
     except RankFailed as failed:               # an in-process rank raised (in_process.py)
-        end_with(failed.error, failed.rank, signals)
+        end_with(failed.error, failed.rank, signals, alone=True)
     except BaseException as e:                 # noqa: B036 -- every ending is mapped onto a status
         end_with(e, comm.rank if comm is not None else 0, signals)
     finally:

@@ -49,10 +49,11 @@ def choices_before_mpi(argv):
     peek = _Parser(rank=None, add_help=False)
     peek.add_argument("--device")
     peek.add_argument("--collective-timeout", type=float)
-    peek.add_argument("--in-process-ranks", type=int, default=0)
-    peek.add_argument("--in-process-nodes", type=int, default=1)
+    peek.add_argument("--in-process-ranks", type=int)
+    peek.add_argument("--in-process-nodes", type=int)
     peek.add_argument("--config", default="")
-    empty = argparse.Namespace(device=None, collective_timeout=None, config="", in_process_ranks=0, in_process_nodes=1)
+    empty = argparse.Namespace(device=None, collective_timeout=None, config="", in_process_ranks=None,
+                               in_process_nodes=None)
     try:
         args = peek.parse_known_args(values_joined(argv))[0]
     except ArgumentError:
@@ -65,10 +66,11 @@ def choices_before_mpi(argv):
         args.device = args.device or toml.device
         args.collective_timeout = args.collective_timeout if args.collective_timeout is not None \
             else toml.collective_timeout
-        args.in_process_ranks = args.in_process_ranks or toml.in_process_ranks
-        args.in_process_nodes = args.in_process_nodes if args.in_process_nodes != 1 else toml.in_process_nodes
+        for name in ("in_process_ranks", "in_process_nodes"):        # the command line's, if it gives one
+            setattr(args, name, getattr(args, name) if getattr(args, name) is not None else getattr(toml, name))
     timeout = args.collective_timeout
     valid = timeout is not None and math.isfinite(timeout) and timeout >= 0
     return argparse.Namespace(device=args.device or TrainConfig.device,
                               collective_timeout=timeout if valid else TrainConfig.collective_timeout,
-                              in_process_ranks=max(args.in_process_ranks, 0), in_process_nodes=args.in_process_nodes)
+                              in_process_ranks=max(args.in_process_ranks or 0, 0),   # < 0: config_checks.py's
+                              in_process_nodes=args.in_process_nodes or 1)

@@ -41,6 +41,8 @@ def check_config(cfg, num_ranks):
         return "--quantize-grads is stages 2 and 3's (their reduce-scatters), without --overlap, --shard-group or --comm nccl"
     if cfg.quant_error and cfg.quantize_weights == cfg.quantize_grads == "none":
         return "--quant-error measures --quantize-weights and --quantize-grads: pass one of them"
+    if cfg.in_process_ranks < 0 or cfg.in_process_nodes < 1:
+        return "--in-process-ranks must be >= 0 and --in-process-nodes >= 1"
     if cfg.in_process_ranks and cfg.comm == "nccl":
         return "--in-process-ranks runs on the CPU, without --comm nccl (docs/in-process.md)"
     if cfg.in_process_nodes != 1 and not cfg.in_process_ranks:

@@ -28,7 +28,11 @@ def version_text():
 def mpi4py_version():
     """mpi4py's version, from its metadata: importing it is left to a run that needs MPI."""
     from importlib import metadata
-    return metadata.version("mpi4py")
+    try:
+        return metadata.version("mpi4py")
+    except metadata.PackageNotFoundError:     # a source tree on the path: its module knows
+        import mpi4py
+        return mpi4py.__version__
 
 
 def zerompi_version():
