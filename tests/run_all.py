@@ -141,7 +141,8 @@ def main():
             ("slurm", pytest + SLURM_TESTS, SLURM_LIMIT_SECONDS)]
     for n in RANK_COUNTS:
         runs.append((f"mpi n={n}", [mpirun(), "-n", str(n), sys.executable, "tests/support/mpi_launch.py",
-                                    "-q", "-rs", "-x", "--with-mpi", "-m", "mpi" if n <= 2 else "mpi and not in_process",
+                                    "-q", "-rs", "-x", "--durations=15", "--with-mpi",
+                                    "-m", "mpi" if n <= 2 else "mpi and not in_process",
                                     "-p", "no:cacheprovider", *[f"--ignore={path}" for path in SLURM_TESTS], "tests"],
                      LIMIT_SECONDS))
     for n in RANK_COUNTS:
