@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -97,6 +98,7 @@ def pytest_runtest_makereport(item, call):
             sys.stderr.write(f"\n[rank {rank}] FAILED {item.nodeid} ({report.when})\n{report.longreprtext}\n"
                              f"[rank {rank}] calling MPI_Abort so that no other rank hangs\n")
             sys.stderr.flush()
+            time.sleep(0.5)      # the launcher forwards the report before the abort ends it (lost under load)
             MPI.COMM_WORLD.Abort(1)
 
 
