@@ -8,7 +8,6 @@ not arrive, stops every rank with its diagnosis instead of a hang; and nothing i
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -152,18 +151,22 @@ def test_ranks_in_different_collectives_are_named_not_paired():
 
 def test_lockstep_pauses_every_rank_at_each_collective_and_shows_every_ranks_input():
     """At stage 2's first reduce-scatter each rank brings its own rows' gradient of the last layer;
-    while they wait, the sum of what they bring is what every rank's shard will hold."""
-    sizes, batches, seen = SIZES[0], make_batches(SIZES[0], 1), []
+    while they wait (no rank's collective ends before the look does), the sum of what they bring is
+    what every rank's shard will hold."""
+    sizes, batches, seen, ended = SIZES[0], make_batches(SIZES[0], 1), [], []
 
     def pause(number, name, inputs):
-        waiting = [t.name for t in threading.enumerate() if t.name.startswith("zerompi rank")]
-        seen.append((number, name, [x.copy() for x in inputs], len(waiting)))
+        time.sleep(0.01)                                              # a reader looking
+        seen.append((number, name, [x.copy() for x in inputs], time.perf_counter()))
 
     def fn(comm):
+        comm.ledger.listeners.append(lambda op, purpose, nbytes, start, end: ended.append((comm.rank, time.perf_counter())))
         engine, _ = train_zero(2, sizes, np.float64, batches, comm=comm)
         return engine.layout, engine.stage.grad_shard.copy()            # this rank's reduced gradient shard
     results = run_ranks(fn, 4, pause=pause)
-    assert [number for number, *_ in seen] == list(range(1, len(seen) + 1)) and all(w == 4 for *_, w in seen)
+    assert [number for number, *_ in seen] == list(range(1, len(seen) + 1))
+    first_look = seen[0][3]
+    assert len(ended) >= 4 and all(when > first_look for _, when in ended)   # every collective ended after it
     number, name, inputs, _ = next(s for s in seen if s[1] == "reduce_scatter")
     layout = results[0][0]
     layer = next(u for u in layout.layers if u.padded == inputs[0].size)   # the layer reduced first: the last

@@ -12,7 +12,7 @@ Reductions add the ranks' inputs in rank order, 0 + 1 + ... + (N-1), on every ra
 
 Lockstep (run_ranks' `pause`): at each meeting of the world's hub, once every rank's input is
 there, a callback runs in rank 0's thread with the meeting's number, name and every rank's input,
-while the other ranks wait; then all go on (the deadline covers that wait too: timeout None to
+while the other ranks wait at the second barrier (rank 0 comes to it afterwards); then all go on (the deadline covers that wait too: timeout None to
 stop at a breakpoint in it).
 
 A barrier that does not fill breaks: after `timeout` seconds (the --collective-timeout deadline;
@@ -94,13 +94,11 @@ class Hub:
         self.counts[rank] += 1
         self.calls[rank] = (self.counts[rank], name)
         self._wait(rank)
-        if len({call for call in self.calls}) > 1:
+        if len(set(self.calls)) > 1:
             raise CollectivesDiffer(f"collective #{self.counts[rank]} of {self.size} ranks differs: "
                                + ", ".join(f"rank {r} called {call[1]}" for r, call in enumerate(self.calls)))
-        if self.pause is not None:                   # lockstep: every rank waits while rank 0's thread looks
-            if rank == 0:
-                self.pause(self.counts[rank], name, list(self.slots))
-            self._wait(rank)
+        if self.pause is not None and rank == 0:     # lockstep: the others wait at `release` meanwhile
+            self.pause(self.counts[rank], name, list(self.slots))
         return self.slots
 
     def release(self, rank):
