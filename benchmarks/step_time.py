@@ -2,7 +2,8 @@
 
     mpirun -n 2 python benchmarks/step_time.py [--sizes 1024,2048,2048,2048,2048,10]
         [--batch-per-rank 64] [--repeats 5] [--steps 10] [--warmup 3] [--stages 0,1,2,3]
-        [--overlap off,on] [--bucket-mb 25] [--prefetch 1] [--peers ddp,zero,fsdp|none] [--json PATH]
+        [--overlap off,on] [--bucket-mb 25] [--prefetch 1] [--adam numpy|fused] [--peers ddp,zero,fsdp|none]
+        [--json PATH]
 
 Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shapes):
   zerompi   per stage, with overlap off and on (zerompi/overlap/): build_engine,
@@ -24,7 +25,8 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             optimizer = 7 compulsory passes (read p, g, m, v; write p, m, v) x 4 B x owned
                         elements / bandwidth (zerompi's chunked AdamW makes ~14 ufunc passes per
                         chunk, but the chunk stays in cache); "adam" prints AdamW.update measured
-                        alone on the owned size, for comparison;
+                        alone on the owned size, for comparison, and "fused" zerompi/fused/'s loop
+                        (when Numba imports; --adam fused: the stage rows' update too);
             comm = allreduce (stage 0), RS + AG (stages 1-2), RS + 2 AG (stage 3), measured as
                    one model-sized call each and as one call per layer (as zerompi calls them);
                    the floor takes the faster of the two.
@@ -36,6 +38,7 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             are DDP ~ stage 0, ZeroRedundancyOptimizer ~ stage 1, FSDP2 ~ stage 3.
 """
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -50,6 +53,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from zerompi.adam import AdamConfig, AdamW            # noqa: E402
 from zerompi.engine import build_engine              # noqa: E402
+from zerompi.fused import FusedAdamKernel            # noqa: E402
 from zerompi.ledger import MemoryLedger              # noqa: E402
 from zerompi.overlap import OverlapConfig            # noqa: E402
 from zerompi.precision import precision_for          # noqa: E402
@@ -72,6 +76,8 @@ def parse_args(argv=None):
     p.add_argument("--bucket-mb", type=float, default=OverlapConfig.bucket_mb)
     p.add_argument("--prefetch", type=int, default=OverlapConfig.prefetch)
     p.add_argument("--limits", default="on", help="off: skip the machine limits and floors (growth.py)")
+    p.add_argument("--adam", default="numpy", choices=("numpy", "fused"),
+                   help="the stage rows' AdamW: zerompi/adam.py's NumPy update, or --fused-adam's loop (Numba)")
     p.add_argument("--peers", default="ddp,zero,fsdp", help="comma list, or none")
     p.add_argument("--json", default=None, help="write every number to this file (rank 0)")
     args = p.parse_args(argv)
@@ -79,6 +85,7 @@ def parse_args(argv=None):
     args.stages = [int(s) for s in args.stages.split(",")]
     args.peers = [] if args.peers == "none" else args.peers.split(",")
     args.overlap = args.overlap.split(",")
+    args.kernel = FusedAdamKernel() if args.adam == "fused" else None
     return args
 
 
@@ -173,9 +180,10 @@ def collectives(sizes, how):
             "allgather": concurrent_time(lambda: [COMM.Allgather(s, f) for f, s in pairs], 5)}
 
 
-def measure_adam(numel, seconds_reps=5):
-    """AdamW.update alone on `numel` float32 elements (one rank's owned state)."""
-    adam = AdamW(numel, precision_for("float32"), AdamConfig(), MemoryLedger())
+def measure_adam(numel, kernel=None, seconds_reps=5):
+    """AdamW.update alone on `numel` float32 elements (one rank's owned state), by kernel
+    (None: the NumPy update; zerompi/fused/'s FusedAdamKernel)."""
+    adam = AdamW(numel, precision_for("float32"), AdamConfig(kernel=kernel), MemoryLedger())
     p, g = np.ones(numel, np.float32), np.full(numel, 1e-3, np.float32)
 
     def step():
@@ -191,8 +199,8 @@ class StageRun:
     def __init__(self, stage, overlap, args):
         B = args.batch_per_rank
         config = OverlapConfig(overlap == "on", args.bucket_mb, args.prefetch)
-        self.engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(), B, bucket_mb=config.bucket_mb,
-                                   start_collectives=config.start)
+        self.engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(kernel=args.kernel), B,
+                                   bucket_mb=config.bucket_mb, start_collectives=config.start)
         self.step = warmed_up_step(self.engine, args)
         self.stage, self.round_s, self.steps = stage, [], 0
         self.busy_s = self.exposed_s = self.ring_bytes = 0.0
@@ -267,6 +275,8 @@ def main(argv=None):
             out["stages"][row] = res = run.result()
             if limits:
                 res["adam_alone_s"] = measure_adam(res["owned_elements"])
+                if importlib.util.find_spec("numba"):
+                    res["adam_fused_s"] = measure_adam(res["owned_elements"], FusedAdamKernel())
                 res["floor"] = floors(run.stage, res, limits, flops)
         out["rss_mb"] = COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6
         out["rss_peak_mb"] = COMM.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -307,13 +317,14 @@ def print_table(out, num_params):
         print(f"    {how:>8} calls: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in c.items()))
     print(f"  training FLOPs per rank and step: {out['flops_per_rank_step'] / 1e9:.2f} GFLOP")
     peers = {name: p for name, p in out["peers"].items() if name != "error" and "error" not in p}
-    print("\nstage overlap  step ms  exposed  busy ms  adam ms | floor: compute  optim   comm  total | "
+    print(f"stage rows' AdamW: {a['adam']}")
+    print("\nstage overlap  step ms  exposed  busy ms  adam ms  fused | floor: compute  optim   comm  total | "
           "ratio | ledger MB" + "".join(f" | /{name}" for name in peers))
     for row, r in out["stages"].items():
         stage, overlap = row.split()
         f = r["floor"]
         print(f"{stage:>5} {overlap:>7} {ms(r['step_s'])} {ms(r['comm_exposed_s'])} {ms(r['comm_busy_s'])} "
-              f"{ms(r['adam_alone_s'])} |      "
+              f"{ms(r['adam_alone_s'])} {ms(r['adam_fused_s'])[2:] if 'adam_fused_s' in r else '     -'} |      "
               f"{ms(f['compute_s'])}{ms(f['optimizer_s'])[1:]}{ms(f['comm_s'])[1:]}{ms(f['total_s'])[1:]} | "
               f"{r['step_s'] / f['total_s']:5.2f} | {r['ledger_mb']:9.1f}"
               + "".join(f" | {r['step_s'] / p['step_s']:5.2f}" for p in peers.values()))

@@ -34,6 +34,7 @@ CORE_FOLDERS = ("stages", "memory")
 BUILDS_ON = {
     "checkpoint": (),
     "devices": (),
+    "fused": (),
     "hierarchy": (),
     "inprocess": ("observe",),        # --check-collectives' CollectiveCheck
     "observe": (),

@@ -28,8 +28,8 @@ chunk-sized scratch. The last line is computed in the equivalent form
 pass is skipped when weight decay is 0. What is left is 11-12 NumPy passes per chunk, through cache.
 That is `adamw_chunked` below, which the CPU device runs (zerompi/cpu.py). `AdamW.update`
 hands the arrays to its device (`device.adamw`): on a GPU the whole update is one fused kernel
-(zerompi/devices/gpu.py, zerompi/devices/kernels.py), one read of g, p, m, v and one write of p, m,
-v, and no scratch.
+(zerompi/devices/gpu.py, kernels.py: one read of g, p, m, v, one write of p, m, v, no scratch); on
+a CPU, --fused-adam's AdamConfig.kernel (zerompi/fused/) is one loop, bit for bit adamw_chunked.
 """
 import math
 from dataclasses import dataclass
@@ -45,6 +45,7 @@ class AdamConfig:
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
+    kernel: object = None        # what runs the update: None, the device; zerompi/fused/'s compiled loop
 
     def optimizer(self, numel, precision, ledger):
         """The AdamW state for numel elements, in the ledger's device memory (zerompi/offload/
@@ -57,14 +58,14 @@ class AdamW:
 
     def __init__(self, numel, precision, config, ledger):
         self.config = config
-        self.device = ledger.device                      # where the state lives and the update runs
+        self.kernel = config.kernel or ledger.device     # what runs the update: the device the state is on
         dtype = precision.compute
         self.master = ledger.alloc("optimizer", "adam.master", (numel,), dtype) if precision.mixed else None
         self.m = ledger.alloc("optimizer", "adam.m", (numel,), dtype)
         self.v = ledger.alloc("optimizer", "adam.v", (numel,), dtype)
         # the device's work buffers for the update: on the CPU adamw_chunked's chunk scratch (and a
         # second chunk for widening 16-bit gradients), ledgered as work; a GPU's fused kernel needs none
-        self.work = self.device.adamw_work(min(numel, CHUNK), precision, ledger.alloc)
+        self.work = self.kernel.adamw_work(min(numel, CHUNK), precision, ledger.alloc)
         self.t = 0
 
     def begin_step(self):
@@ -76,8 +77,7 @@ class AdamW:
         decay, step_size, sqrt_bias2 = self.constants(lr)
         master = param if self.master is None else self.master[state_slice]
         m, v = self.m[state_slice], self.v[state_slice]
-        self.device.adamw(param, grad, master, m, v, grad_multiplier, decay, step_size, sqrt_bias2, self.config,
-                          self.work)
+        self.kernel.adamw(param, grad, master, m, v, grad_multiplier, decay, step_size, sqrt_bias2, self.config, self.work)
 
     def constants(self, lr):
         """(decay = 1 - lr wd, step_size = lr / (1 - beta1^t), sqrt_bias2 = sqrt(1 - beta2^t)) of step t."""

@@ -3,14 +3,16 @@ ledgers of a real run of the same configuration on this N, rank by rank.
 
 For every stage, float32 and bf16, one and two micro-batches, overlap off and on, and (where N
 allows) hybrid sharding over every group size dividing N and hpZ over every node size dividing
-N, with the optimizer state in a file (zerompi/offload/), and with qwZ's quantized gathers
-(zerompi/quantize/): a real engine trains STEPS steps; its MemoryLedger (every buffer: kind, name, shape, dtype,
+N, with the optimizer state in a file (zerompi/offload/), with qwZ's quantized gathers
+(zerompi/quantize/), and with --fused-adam's kernel (zerompi/fused/): a real engine trains STEPS steps; its MemoryLedger (every buffer: kind, name, shape, dtype,
 bytes) equals the plan's, and its CommLedger (calls, ring bytes and elements, inter-node bytes
 and elements, per operation and purpose) equals STEPS times the plan's one step.
 """
 import pytest
 
 from helpers import make_batches, train_zero, world, world_size
+from zerompi.adam import AdamConfig
+from zerompi.fused import FusedAdamKernel
 from zerompi.hierarchy import FLAT, Grouping
 from zerompi.offload import FileTier, OffloadedAdamConfig
 from zerompi.overlap import OverlapConfig
@@ -41,9 +43,10 @@ def ledger_rows(ledger, times=1):
 
 
 def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_params=None, quantizer=None,
-          grads_quantizer=None, quant_error=False):
+          grads_quantizer=None, quant_error=False, adam_kernel=None):
     comm = world()
-    adam = OffloadedAdamConfig(tier=offload, param_tier=offload_params) if offload else None
+    adam = (OffloadedAdamConfig(tier=offload, param_tier=offload_params, kernel=adam_kernel) if offload
+            else AdamConfig(kernel=adam_kernel) if adam_kernel else None)
     batches = make_batches(SIZES, STEPS, rows=24 * micro_batches)
     config = OverlapConfig(enabled=overlap, bucket_mb=0.001)      # several buckets in stages 0-1
     engine, results = train_zero(stage, SIZES, dtype, batches, comm, micro_batches=micro_batches,
@@ -54,7 +57,8 @@ def check(stage, dtype, micro_batches, overlap, grouping, offload=None, offload_
     engine.stage.finish_communication()          # --overlap: the last step's all-gathers recorded
     shape = RunShape(tuple(SIZES), stage, precision_for(dtype), 24 // comm.size, comm.size, micro_batches,
                      grouping, config, comm.node_of_rank, offload=offload, offload_params=offload_params,
-                     weights_quantizer=quantizer, grads_quantizer=grads_quantizer, quant_error=quant_error)
+                     weights_quantizer=quantizer, grads_quantizer=grads_quantizer, quant_error=quant_error,
+                     adam_kernel=adam_kernel)
     plan = plan_run(shape, comm.rank)
     assert plan.buffers == engine.memory.buffers
     assert plan.bytes_by_kind == engine.memory.bytes_by_kind
@@ -123,3 +127,13 @@ def test_plan_equals_the_ledgers_of_a_run_with_quantized_gradients(dtype):
     check(3, dtype, 2, False, FLAT, quantizer=quantizer, grads_quantizer=Quantizer(4, 16), quant_error=True)
     for grouping in [FLAT] + [g for g in groupings(world_size()) if g.hpz_node_size]:
         check(3, dtype, 2, False, grouping, quantizer=quantizer, grads_quantizer=quantizer)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_plan_equals_the_ledgers_of_a_run_with_the_fused_adamw(stage, dtype, tmp_path):
+    """--fused-adam's work buffers (none, or a 16-bit gradient's widened chunk) planned as the run
+    holds them, in memory and with the optimizer state in a file."""
+    check(stage, dtype, 2, False, FLAT, adam_kernel=FusedAdamKernel())
+    check(stage, dtype, 1, False, FLAT, FileTier(str(tmp_path), world().rank), adam_kernel=FusedAdamKernel())

@@ -42,6 +42,7 @@ DISTRIBUTIONS = {
     "cupy": {"cupy-cuda12x", "cupy-cuda13x"},
     "cupy_backends": {"cupy-cuda12x", "cupy-cuda13x"},
     "matplotlib": {"matplotlib"},
+    "numba": {"numba"},
     "safetensors": {"safetensors"},
     "yaml": {"pyyaml"},
 }

@@ -5,7 +5,8 @@ For each piece (lo, hi) of the owned state that the store hands out (zerompi/off
     p, g   = the parameters and gradient of the piece, on the host:
              on a CPU the stage's own views; on a GPU copied device -> host into pinned tile
              buffers (the gradient; the parameters too when there is no fp32 master)
-    adamw_chunked(p, g, master, m, v)     zerompi/adam.py's NumPy update, on the CPU
+    adamw_chunked(p, g, master, m, v)     zerompi/adam.py's NumPy update, on the CPU (or, with
+                                          --fused-adam, zerompi/fused/'s loop: the same numbers)
     on a GPU: the new parameters p host -> device into the stage's views
 
 so the arithmetic is the CPU's, element by element, whatever the tier: a CPU run saves the same
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..adam import CHUNK, AdamW, adamw_chunked
+from ..adam import CHUNK, AdamW
 from ..cpu import CPU
 from .stores import host_tier
 
@@ -59,7 +60,8 @@ class OffloadedAdamW(AdamW):
 
         def host_alloc(kind, name, shape, dtype):
             return ledger.record(kind, name, self.device.host_zeros(shape, dtype), tier)
-        self.work = CPU().adamw_work(min(tile, CHUNK), precision, host_alloc)   # the update runs on the CPU
+        self.kernel = config.kernel or CPU()             # the update runs on the CPU
+        self.work = self.kernel.adamw_work(min(tile, CHUNK), precision, host_alloc)
         if self.device.is_gpu:                           # the device's pieces, on the host
             self.host_grad = host_alloc("work", "offload.host_grad", (tile,), precision.storage)
             self.host_param = host_alloc("work", "offload.host_param", (tile,), precision.storage)
@@ -76,8 +78,8 @@ class OffloadedAdamW(AdamW):
             p, g = param[lo - start:hi - start], grad[lo - start:hi - start]
             host_p, host_g = self.to_host(p, g)
             master = tile[0] if self.master is not None else host_p
-            adamw_chunked(host_p, host_g, master, tile[-2], tile[-1], grad_multiplier, decay, step_size,
-                          sqrt_bias2, self.config, self.work.scratch, self.work.grad_scratch)
+            self.kernel.adamw(host_p, host_g, master, tile[-2], tile[-1], grad_multiplier, decay, step_size,
+                              sqrt_bias2, self.config, self.work)
             if self.device.is_gpu and self.params is None:
                 self.device.copy_from_host(host_p, p)
                 self.traffic.to_device += host_p.nbytes

@@ -53,6 +53,7 @@ class RunShape:
     weights_quantizer: object = None  # qwZ's Quantizer (zerompi/quantize/); None: exact all-gathers
     grads_quantizer: object = None    # qgZ's; None: exact reduce-scatters
     quant_error: bool = False         # their error measured each step beside exact calls (--quant-error)
+    adam_kernel: object = None        # what runs AdamW (zerompi/fused/'s FusedAdamKernel); None: the device
 
     @property
     def start_collectives(self):
@@ -91,8 +92,8 @@ def build_planned_engine(shape, rank=0, device=None):
     """The engine rank `rank` of the run would build, on buffers that take no memory."""
     comm = PlannedCommunicator(shape.num_ranks, rank, shape.node_of_rank, VirtualDevice(device) if device else None)
     params = shape.offload_params
-    adam = (OffloadedAdamConfig(tier=shape.offload.planned(), param_tier=params and params.planned())
-            if shape.offload else AdamConfig())
+    adam = (OffloadedAdamConfig(tier=shape.offload.planned(), param_tier=params and params.planned(),
+                                kernel=shape.adam_kernel) if shape.offload else AdamConfig(kernel=shape.adam_kernel))
     return build_engine(list(shape.sizes), shape.stage, shape.precision, adam, shape.rows, comm,
                         shape.micro_batches, shape.overlap.bucket_mb, shape.start_collectives,
                         hierarchy_for(comm, shape.grouping), OffloadedStage3 if params else None)

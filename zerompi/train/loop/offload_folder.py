@@ -1,4 +1,5 @@
-"""--offload-optimizer: the AdamConfig a run builds its optimizer from, and the file tier's folder.
+"""--offload-optimizer: the AdamConfig a run builds its optimizer from (with --fused-adam's kernel),
+and the file tier's folder.
 
     none   zerompi/adam.py's AdamConfig: the state in the device's memory
     host   zerompi/offload/'s HostTier on a GPU; on a CPU run the host is the device: one warning
@@ -12,6 +13,7 @@ The scratch files are unlinked as soon as they are open, so a run leaves none be
 ends; a file named like one (a run killed in the instant between creating and unlinking it) is
 removed by the next run that takes the lock, when the process it names is no longer running.
 """
+import importlib
 import os
 import socket
 import stat
@@ -21,6 +23,7 @@ import numpy as np
 
 from ...adam import AdamConfig
 from ...checkpoint.files import CheckpointError
+from ...fused import FusedAdamKernel
 from ...offload import FILE_PREFIX, FileTier, OffloadedAdamConfig
 from ..options.shape import offload_tier
 from ...util.atomic import process_running
@@ -30,8 +33,9 @@ from .lock import take_lock
 def adam_config_for(cfg, comm, device, out):
     """Collective: the run's AdamConfig (offloaded as --offload-optimizer and --offload-params say).
     A folder whose lock another run holds: one line, every rank exits BAD_INPUT."""
-    hyper = dict(beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, weight_decay=cfg.weight_decay)
     tier = offload_tier(cfg, device.is_gpu, comm.rank)
+    hyper = dict(beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                 kernel=fused_kernel(cfg, comm, device.is_gpu and cfg.offload_optimizer == "none"))
     param_tier = offload_tier(cfg, device.is_gpu, comm.rank, cfg.offload_params)
     for flag, choice in (("optimizer", cfg.offload_optimizer), ("params", cfg.offload_params)):
         if choice == "host" and not device.is_gpu:
@@ -48,6 +52,22 @@ def adam_config_for(cfg, comm, device, out):
         error = lock_and_sweep(cfg.offload_dir, f".{FILE_PREFIX}.{host}.lock", out)
     comm.check_all(error)                                   # every sweep done before any rank creates its file
     return OffloadedAdamConfig(**hyper, tier=tier, param_tier=param_tier)
+
+
+def fused_kernel(cfg, comm, update_on_gpu):
+    """Collective: --fused-adam's FusedAdamKernel (zerompi/fused/), or None (the device's update);
+    one line, every rank exits BAD_INPUT, where it cannot run."""
+    if not cfg.fused_adam:
+        return None
+    try:
+        importlib.import_module("numba")        # zerompi/fused/ compiles its loop with it
+        missing = None
+    except ImportError:
+        missing = "--fused-adam needs Numba: pip install -e '.[fast]' (or pip install numba)"
+    comm.check_all("--fused-adam compiles the CPU's AdamW, and this run updates on the GPU in one kernel "
+                   "already (it applies with --offload-optimizer, whose update runs on the CPU)" if update_on_gpu
+                   else missing)
+    return FusedAdamKernel()
 
 
 def lock_and_sweep(folder, lock_name, out):

@@ -90,6 +90,9 @@ class TrainConfig:
     beta2: float = option(0.999, "AdamW second-moment decay", OPTIMIZER)
     eps: float = option(1e-8, "AdamW denominator epsilon", OPTIMIZER)
     clip_norm: float = option(0.0, "clip the global gradient norm to this (0: off)", OPTIMIZER)
+    fused_adam: bool = option(False, "the CPU's AdamW in one loop compiled by Numba (pip install -e "
+                              "'.[fast]'), bit for bit the NumPy update's, near memory bandwidth "
+                              "(docs/overlap-and-performance.md)", OPTIMIZER)
     dtype: str = option("float32", "parameters and gradients; bf16/fp16 keep an fp32 master copy and Adam "
                         f"state (also spelt {', '.join(name for name in DTYPE_NAMES if name not in DTYPE_SHOWN)})",
                         PRECISION, choices=tuple(DTYPE_NAMES), metavar="{" + ",".join(DTYPE_SHOWN) + "}")

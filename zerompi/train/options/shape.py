@@ -3,6 +3,7 @@ takes (zerompi/plan/'s RunShape: sizes, stage, Precision, rows, micro-batches, G
 OverlapConfig, the node map). The run and its --dry-run plan build the same one; below the program
 nothing sees a flag or a dtype's name.
 """
+from ...fused import FusedAdamKernel
 from ...offload import FileTier, HostTier
 from ...overlap import OverlapConfig
 from ...plan import RunShape
@@ -30,7 +31,7 @@ def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None, on_gpu=False, 
                     cfg.collective_timeout > 0, offload_tier(cfg, on_gpu, rank),
                     offload_tier(cfg, on_gpu, rank, cfg.offload_params),
                     quantizer(cfg.quantize_weights, cfg.quant_block), quantizer(cfg.quantize_grads, cfg.quant_block),
-                    cfg.quant_error)
+                    cfg.quant_error, FusedAdamKernel() if cfg.fused_adam else None)
 
 
 def quantizer(choice, block):

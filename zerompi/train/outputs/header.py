@@ -21,7 +21,8 @@ def print_header(state, sizes, note):
     layers, wraps, indented)."""
     cfg, comm, data, engine = state.cfg, state.comm, state.data, state.engine
     held_out = "" if data.x_test is None else f", {data.x_test.shape[0]} held out"
-    lines = [f"zerompi: {state.shape.grouping.describe(cfg.stage, comm.size)}, {cfg.dtype}, {cfg.steps} steps",
+    fused = ", AdamW fused (Numba)" if cfg.fused_adam else ""
+    lines = [f"zerompi: {state.shape.grouping.describe(cfg.stage, comm.size)}, {cfg.dtype}{fused}, {cfg.steps} steps",
              f"model: MLP {'-'.join(map(str, sizes))} ({engine.layout.num_params:,} parameters)",
              f"data {data.name}: {data.x_train.shape[0]} train{held_out}",
              f"global batch {cfg.batch_size} = {counted(comm.size, 'rank')} x {counted(cfg.grad_accum, 'micro-batch')}"
