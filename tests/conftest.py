@@ -18,10 +18,8 @@ MPI_Abort, which ends every rank of the job at once with a non-zero exit code: a
 a hang.
 """
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 
 import pytest
@@ -101,14 +99,3 @@ def pytest_runtest_makereport(item, call):
             time.sleep(0.5)      # the launcher forwards the report before the abort ends it (lost under load)
             MPI.COMM_WORLD.Abort(1)
 
-
-@pytest.fixture(scope="module")
-def shared_folder():
-    """A folder every rank sees (rank 0 makes it; removed after the module)."""
-    from mpi4py import MPI
-    world = MPI.COMM_WORLD
-    folder = world.bcast(tempfile.mkdtemp(prefix="zerompi-reshard-") if world.rank == 0 else None)
-    yield folder
-    world.Barrier()
-    if world.rank == 0:
-        shutil.rmtree(folder)

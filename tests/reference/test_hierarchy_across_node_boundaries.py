@@ -13,8 +13,10 @@ from test_zero_equals_single_process_adamw import SIZES, assert_close_f64, size_
 from zerompi.comm import Communicator
 from zerompi.hierarchy import Grouping
 from zerompi.hierarchy.groups import node_size
+from zerompi.mpi import init_mpi
 
 pytestmark = pytest.mark.mpi
+init_mpi()                                  # where the ranks are is asked when the module is collected
 if MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_size() == MPI.COMM_WORLD.Get_size():
     pytest.skip("runs across nodes (tests/proofs/test_hierarchy_on_nodes.py starts it on the emulated cluster)",
                 allow_module_level=True)
