@@ -17,16 +17,23 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             is the time inside those collectives (the CommLedger), wherever they ran.
             Memory: the MemoryLedger's total per row (its peak too: nothing is allocated in the
             loop); the process RSS with every row's engine alive at once, printed once.
-  limits    measured in this run, with all ranks busy at once as in training:
+  limits    measured in this run, with all ranks busy at once as in training, once between
+            each round and the next (benchmarks/floors.py: the best sample is the limit, the
+            spread of the samples is printed beside it):
             GEMM rate at the step's shapes (B x I x O, the three GEMMs of a linear layer),
-            memory bandwidth of an in-place ufunc over 64 MB float32 (read + write = 2 x 64 MB),
+            memory bandwidth of an in-place ufunc over four float32 arrays of a row's owned
+            elements (AdamW's p, g, m, v: the same footprint, so the same caches),
             Allreduce / Reduce_scatter_block / Allgather of a model-sized float32 buffer.
+  others    the share of the machine's CPU that other processes used during the rounds, from
+            the kernel's counters (floors.py). The run is void, and says so instead of giving
+            results, when a row or an AdamW alone ran below its floor, or others took > 10%.
   floor     compute = training FLOPs per rank and step / GEMM rate;
             optimizer = 7 compulsory passes (read p, g, m, v; write p, m, v) x 4 B x owned
                         elements / bandwidth (zerompi's chunked AdamW makes ~14 ufunc passes per
                         chunk, but the chunk stays in cache); "adam" prints AdamW.update measured
-                        alone on the owned size, for comparison, and "fused" zerompi/fused/'s loop
-                        (when Numba imports; --adam fused: the stage rows' update too);
+                        alone on the owned size, and "fused" zerompi/fused/'s loop (when Numba
+                        imports; --adam fused: the stage rows' update too), each once per round
+                        beside the limits, the median over the rounds;
             comm = allreduce (stage 0), RS + AG (stages 1-2), RS + 2 AG (stage 3), measured as
                    one model-sized call each and as one call per layer (as zerompi calls them);
                    the floor takes the faster of the two.
@@ -58,6 +65,7 @@ from zerompi.ledger import MemoryLedger              # noqa: E402
 from zerompi.overlap import OverlapConfig            # noqa: E402
 from zerompi.precision import precision_for          # noqa: E402
 from zerompi.step import train_step            # noqa: E402
+from floors import OtherProcesses, best, void_reasons   # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.Get_rank(), COMM.Get_size()
@@ -144,7 +152,8 @@ def training_flops(sizes, B):
     return flops
 
 
-def measure_limits(sizes, B, numel_full):
+def sample_limits(sizes, B, owned_sizes):
+    """One sample of each limit, all ranks at once: {limit: value} (GFLOP/s, GB/s or seconds)."""
     rng = np.random.default_rng(RANK)
     I = O = max(sizes)
     x, W, dy = (rng.standard_normal(s, dtype=np.float32) for s in [(B, I), (O, I), (B, O)])
@@ -153,17 +162,37 @@ def measure_limits(sizes, B, numel_full):
     kinds = {"x@W.T": lambda: np.matmul(x, W.T, out=out_f),
              "dy.T@x": lambda: np.matmul(dy.T, x, out=out_w),
              "dy@W": lambda: np.matmul(dy, W, out=out_x)}
-    gemm = {}
+    sample = {}
     for name, fn in kinds.items():
-        seconds = concurrent_time(lambda: [fn() for _ in range(10)], 5) / 10
-        gemm[name] = gemm_flops / seconds / 1e9
+        sample[f"gemm {name}"] = gemm_flops / (concurrent_time(lambda: [fn() for _ in range(10)], 3) / 10) / 1e9
+    for numel in owned_sizes:        # AdamW's footprint: p, g, m, v of the owned elements, each read + written
+        sample[f"bandwidth {numel}"] = 8 * 4 * numel / state_pass_seconds(numel) / 1e9
+    for how in ("model", "per_layer"):
+        for op, seconds in collectives(sizes, how).items():
+            sample[f"{how} {op}"] = seconds
+    return sample
+
+
+def state_pass_seconds(numel):
+    """Seconds of one in-place pass over each of four float32 arrays of numel elements."""
+    state = [np.ones(numel, np.float32) for _ in range(4)]
+    return concurrent_time(lambda: [np.multiply(a, np.float32(1.0000001), out=a) for a in state], 3)
+
+
+def best_limits(samples, sizes, B, numel_full):
+    """The limits from every round's sample: the best of each, and its spread."""
+    values = {key: [s[key] for s in samples] for key in samples[0]}
+    best_and_spread = {key: best(v, higher_is_better=not key.startswith(("model", "per_layer")))
+                       for key, v in values.items()}
+    pick = {key: b for key, (b, _) in best_and_spread.items()}
+    gemm = {name: pick[f"gemm {name}"] for name in ("x@W.T", "dy.T@x", "dy@W")}
     gemm["all3"] = 3 / sum(1 / r for r in gemm.values())         # harmonic: equal FLOPs each
-    buf = np.ones(16 * 2**20, np.float32)                                   # 64 MB
-    seconds = concurrent_time(lambda: [np.multiply(buf, 1.0000001, out=buf) for _ in range(5)], 5) / 5
-    bandwidth = 2 * buf.nbytes / seconds / 1e9
-    coll = {how: collectives(sizes, how) for how in ("model", "per_layer")}
-    return {"gemm_shape": [B, I, O], "gemm_gflops": gemm, "bandwidth_gbs": bandwidth,
-            "collective_s": coll, "collective_bytes": 4 * numel_full}
+    return {"gemm_shape": [B, max(sizes), max(sizes)], "gemm_gflops": gemm,
+            "bandwidth_gbs": {int(key.split()[1]): b for key, b in pick.items() if key.startswith("bandwidth")},
+            "collective_s": {how: {op: pick[f"{how} {op}"] for op in ("allreduce", "reduce_scatter", "allgather")}
+                             for how in ("model", "per_layer")},
+            "collective_bytes": 4 * numel_full, "samples": len(samples),
+            "spread": {key: spread for key, (_, spread) in best_and_spread.items()}}
 
 
 def collectives(sizes, how):
@@ -180,7 +209,12 @@ def collectives(sizes, how):
             "allgather": concurrent_time(lambda: [COMM.Allgather(s, f) for f, s in pairs], 5)}
 
 
-def measure_adam(numel, kernel=None, seconds_reps=5):
+def adam_kernels():
+    """{column: kernel} of the AdamW updates timed alone: the NumPy one, and the fused loop when Numba imports."""
+    return {"adam_alone_s": None, **({"adam_fused_s": FusedAdamKernel()} if importlib.util.find_spec("numba") else {})}
+
+
+def measure_adam(numel, kernel=None, seconds_reps=3):
     """AdamW.update alone on `numel` float32 elements (one rank's owned state), by kernel
     (None: the NumPy update; zerompi/fused/'s FusedAdamKernel)."""
     adam = AdamW(numel, precision_for("float32"), AdamConfig(kernel=kernel), MemoryLedger())
@@ -203,6 +237,8 @@ class StageRun:
                                    bucket_mb=config.bucket_mb, start_collectives=config.start)
         self.step = warmed_up_step(self.engine, args)
         self.stage, self.round_s, self.steps = stage, [], 0
+        layout = self.engine.layout
+        self.owned_elements = layout.shard_numel if stage >= 1 else layout.full_numel
         self.busy_s = self.exposed_s = self.ring_bytes = 0.0
 
     def time_round(self, steps):
@@ -230,7 +266,7 @@ class StageRun:
                 "ring_mb_per_step": per_step(self.ring_bytes) / 1e6,
                 "ledger_mb": COMM.allreduce(engine.memory.total_bytes, op=MPI.MAX) / 1e6,
                 "model_state_mb": COMM.allreduce(state, op=MPI.MAX) / 1e6,
-                "owned_elements": engine.layout.shard_numel if self.stage >= 1 else engine.layout.full_numel,
+                "owned_elements": self.owned_elements,
                 "full_elements": engine.layout.full_numel, "num_params": engine.layout.num_params}
 
 
@@ -240,9 +276,20 @@ def floors(stage, res, limits, flops):
                 2: c["reduce_scatter"] + c["allgather"], 3: c["reduce_scatter"] + 2 * c["allgather"]}[stage]
     comm = min(comm_time(c) for c in limits["collective_s"].values())    # the faster way of calling
     compute = flops / (limits["gemm_gflops"]["all3"] * 1e9)
-    optimizer = 7 * 4 * res["owned_elements"] / (limits["bandwidth_gbs"] * 1e9)
+    optimizer = 7 * 4 * res["owned_elements"] / (limits["bandwidth_gbs"][res["owned_elements"]] * 1e9)
     return {"compute_s": compute, "optimizer_s": optimizer, "comm_s": comm,
             "total_s": compute + optimizer + comm}
+
+
+def ratios(stages):
+    """{row: measured / floor} of every row's step and of its AdamW alone (either update)."""
+    found = {}
+    for row, r in stages.items():
+        found[f"stage {row}"] = r["step_s"] / r["floor"]["total_s"]
+        for key, name in (("adam_alone_s", "AdamW"), ("adam_fused_s", "the fused AdamW")):
+            if key in r:
+                found[f"{name} of stage {row}"] = r[key] / r["floor"]["optimizer_s"]
+    return found
 
 
 def blas_report():
@@ -263,21 +310,30 @@ def main(argv=None):
         flops = training_flops(args.sizes, args.batch_per_rank)
         out["flops_per_rank_step"] = flops
         limits = None
-        if args.limits == "on":
-            out["limits"] = limits = measure_limits(args.sizes, args.batch_per_rank, numel_full)
         runs = {f"{stage} {overlap}": StageRun(stage, overlap, args)
                 for stage in args.stages for overlap in args.overlap}
-        for _ in range(args.repeats):
+        owned_sizes = sorted({run.owned_elements for run in runs.values()})
+        others, samples, adam_rounds = OtherProcesses(COMM), [], []
+        others.start()
+        for _ in range(args.repeats):                   # the limits sampled between the rounds
             for run in runs.values():
                 run.time_round(args.steps)
+            if args.limits == "on":
+                samples.append(sample_limits(args.sizes, args.batch_per_rank, owned_sizes))
+                adam_rounds.append({(key, numel): measure_adam(numel, kernel) for key, kernel in adam_kernels().items()
+                                    for numel in owned_sizes})
         out["stages"] = {}
+        if samples:
+            out["limits"] = limits = best_limits(samples, args.sizes, args.batch_per_rank, numel_full)
         for row, run in runs.items():
             out["stages"][row] = res = run.result()
             if limits:
-                res["adam_alone_s"] = measure_adam(res["owned_elements"])
-                if importlib.util.find_spec("numba"):
-                    res["adam_fused_s"] = measure_adam(res["owned_elements"], FusedAdamKernel())
+                for key in adam_kernels():              # the median over the rounds
+                    res[key] = statistics.median(r[key, run.owned_elements] for r in adam_rounds)
                 res["floor"] = floors(run.stage, res, limits, flops)
+        out["others_share"] = others.share()
+        if limits:
+            out["void"] = void_reasons(ratios(out["stages"]), out["others_share"])
         out["rss_mb"] = COMM.allreduce(rss_now_bytes(), op=MPI.MAX) / 1e6
         out["rss_peak_mb"] = COMM.allreduce(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                                             op=MPI.MAX) / 1e6
@@ -309,13 +365,24 @@ def print_table(out, num_params):
     env = out["blas"]["env"]
     print(f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']} OPENBLAS_L2_SIZE={env['OPENBLAS_L2_SIZE']}"
           + ("  (unsetting both may select a faster kernel)" if any(env.values()) else ""))
-    g = lim["gemm_gflops"]
-    print(f"\nlimits (all ranks at once): GEMM {'x'.join(map(str, lim['gemm_shape']))} GFLOP/s per rank: "
-          + ", ".join(f"{k} {v:.1f}" for k, v in g.items()))
-    print(f"  ufunc bandwidth {lim['bandwidth_gbs']:.1f} GB/s per rank | collectives on {lim['collective_bytes'] / 1e6:.1f} MB")
+    g, spread = lim["gemm_gflops"], lim["spread"]
+    print(f"\nlimits (all ranks at once; the best of {lim['samples']} samples, one between each round; the "
+          f"spread of the samples in brackets):\n  GEMM {'x'.join(map(str, lim['gemm_shape']))} GFLOP/s per rank: "
+          + ", ".join(f"{k} {v:.1f}" + (f" [{100 * spread['gemm ' + k]:.0f}%]" if k != "all3" else "")
+          for k, v in g.items()))
+    print("  ufunc bandwidth over AdamW's p, g, m, v GB/s per rank: " + ", ".join(
+        f"{numel:,} elements {gbs:.1f} [{100 * spread[f'bandwidth {numel}']:.0f}%]"
+        for numel, gbs in lim["bandwidth_gbs"].items()))
+    print(f"  collectives on {lim['collective_bytes'] / 1e6:.1f} MB")
     for how, c in lim["collective_s"].items():
-        print(f"    {how:>8} calls: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in c.items()))
+        print(f"    {how:>8} calls: " + ", ".join(f"{k} {1e3 * v:.1f} ms [{100 * spread[f'{how} {k}']:.0f}%]"
+                                            for k, v in c.items()))
+    void = out["void"]
+    if void:
+        print("\nVOID, not a result: " + "; ".join(void))
     print(f"  training FLOPs per rank and step: {out['flops_per_rank_step'] / 1e9:.2f} GFLOP")
+    print(f"other processes: {100 * out['others_share']:.1f}% of the machine's CPU during the rounds "
+          f"(kernel counters, /proc/stat)")
     peers = {name: p for name, p in out["peers"].items() if name != "error" and "error" not in p}
     print(f"stage rows' AdamW: {a['adam']}")
     print("\nstage overlap  step ms  exposed  busy ms  adam ms  fused | floor: compute  optim   comm  total | "
@@ -330,6 +397,8 @@ def print_table(out, num_params):
               + "".join(f" | {r['step_s'] / p['step_s']:5.2f}" for p in peers.values()))
     print(f"process memory per rank with every row's engine built at once: RSS {out['rss_mb']:.0f} MB, "
           f"peak {out['rss_peak_mb']:.0f} MB")
+    if void:
+        print("VOID: the table above is not a result (see why above)")
     if not out["peers"]:
         return
     print("\npeer                        step ms   (the /peer columns above: zerompi step / peer step)")

@@ -1,0 +1,72 @@
+"""benchmarks/step_time.py runs small (2 ranks, stages 0 and 3, two rounds), its limits sampled
+once per round and the best taken with the spread beside it, the other processes' share read
+from the kernel's counters, and its numbers called void exactly when a row ran below its floor
+or others took more than 10% (benchmarks/floors.py); floors.py's share sees a busy process."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from run_all import mpirun
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from floors import OTHERS_LIMIT, OtherProcesses, best, busy_cpu_seconds, void_reasons  # noqa: E402
+
+
+class OneRank:
+    """floors.OtherProcesses' communicator when the job is this one process."""
+    def Barrier(self):
+        pass
+
+    def allreduce(self, value):
+        return value
+
+    def bcast(self, value):
+        return value
+
+
+@pytest.mark.timeout(300)
+def test_the_benchmark_samples_its_limits_each_round_and_says_when_it_is_void(tmp_path):
+    path = tmp_path / "step.json"
+    result = subprocess.run([mpirun(), "-n", "2", sys.executable, os.path.join(ROOT, "benchmarks", "step_time.py"),
+                             "--sizes", "64,128,128,10", "--batch-per-rank", "8", "--repeats", "2", "--steps", "2",
+                             "--warmup", "1", "--stages", "0,3", "--overlap", "off", "--peers", "none",
+                             "--adam", "fused", "--json", str(path)], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(path.read_text())
+    limits = out["limits"]
+    assert limits["samples"] == 2 and set(limits["bandwidth_gbs"]) == {str(r["owned_elements"]) for r in out["stages"].values()}
+    assert all(spread >= 0 for spread in limits["spread"].values())
+    assert 0 <= out["others_share"] <= 1
+    below = [row for row, r in out["stages"].items() if r["step_s"] < r["floor"]["total_s"]
+             or min(r["adam_alone_s"], r["adam_fused_s"]) < r["floor"]["optimizer_s"]]
+    assert bool(out["void"]) == bool(below or out["others_share"] > OTHERS_LIMIT)
+    assert ("VOID" in result.stdout) == bool(out["void"])
+    assert "stage rows' AdamW: fused" in result.stdout and "other processes:" in result.stdout
+
+
+def test_a_busy_process_beside_is_counted_and_makes_the_numbers_void():
+    others = OtherProcesses(OneRank())
+    others.start()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.5)
+    finally:
+        busy.kill()
+        busy.wait()
+    share = others.share()
+    _, cpus = busy_cpu_seconds()
+    assert share > 0.5 / cpus, share                 # one busy CPU of the machine's, less its start-up
+    assert void_reasons({"stage 1 off": 1.2}, share) == (
+        [f"other processes took {100 * share:.0f}% of the machine's CPU (more than 10%)"] if share > OTHERS_LIMIT else [])
+
+
+def test_best_and_void_reasons():
+    assert best([3.0, 2.0, 4.0], higher_is_better=True) == (4.0, 1.0)
+    assert best([3.0, 2.0, 4.0], higher_is_better=False) == (2.0, 1.0)
+    assert void_reasons({"stage 0 off": 1.05, "AdamW of stage 0 off": 1.8}, 0.02) == []
+    assert void_reasons({"stage 3 off": 0.36}, 0.0) == ["stage 3 off ran at 0.36x its floor (below 1: the floor was not one)"]
