@@ -119,3 +119,14 @@ def test_under_a_launcher_of_several_processes_it_is_refused_once(tmp_path):
                         cwd=tmp_path)
     assert alone.returncode == ExitCode.BAD_INPUT and "pass both" in alone.output, alone.describe()
 
+
+
+def test_the_dry_run_plans_the_in_process_ranks_and_their_nodes(tmp_path):
+    planned = in_process(4, "--in-process-nodes", 2, "--hpz", "--dry-run", cwd=tmp_path)
+    given = run_command([sys.executable, "-m", "zerompi.train", "--dry-run", "--ranks", "4", "--ranks-per-node", "2",
+                         "--hpz"], cwd=tmp_path)
+    assert planned.returncode == given.returncode == 0, planned.describe() + given.describe()
+    assert planned.output == given.output and "4 ranks on 2 nodes" in planned.output
+    refused = in_process(4, "--in-process-nodes", 3, "--dry-run", cwd=tmp_path)
+    errors = [line for line in refused.output.splitlines() if ERROR_MARK in line]
+    assert refused.returncode == ExitCode.BAD_INPUT and len(errors) == 1 and "does not divide" in errors[0]

@@ -23,6 +23,8 @@ import textwrap
 from ..options.config import _Parser, add_planning_flags, parse_args
 from ..options.config_checks import check_config
 from ..loop.data import load_data
+from ..loop.in_process import in_process_error
+from ..options.before_mpi import choices_before_mpi
 from ..options.errors import ArgumentError
 from ..options.grouping import grouping_error, resolve_grouping
 from ..options.shape import run_shape
@@ -71,6 +73,13 @@ def answer_dry_run(argv, environ, out=sys.stdout):
 
 
 def dry_run_text(argv, environ, ranks, ranks_per_node):
+    early = choices_before_mpi(argv)          # --in-process-ranks N (--in-process-nodes M): those ranks
+    if ranks is None and early.in_process_ranks:
+        error = in_process_error(early, environ)
+        if error:
+            raise ArgumentError(error)
+        ranks, per_node = early.in_process_ranks, early.in_process_ranks // early.in_process_nodes
+        ranks_per_node = ranks_per_node if ranks_per_node is not None else per_node
     num_ranks = ranks if ranks is not None else first_number(environ, LAUNCHER_SIZE_VARIABLES) or None
     if num_ranks is None:
         raise ArgumentError("--dry-run needs --ranks N (or a launcher that starts N processes)")
