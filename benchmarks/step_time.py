@@ -2,7 +2,7 @@
 
     mpirun -n 2 python benchmarks/step_time.py [--sizes 1024,2048,2048,2048,2048,10]
         [--batch-per-rank 64] [--repeats 5] [--steps 10] [--warmup 3] [--stages 0,1,2,3]
-        [--overlap off,on] [--bucket-mb 25] [--prefetch 1] [--adam numpy|fused] [--peers ddp,zero,fsdp|none]
+        [--overlap off,on] [--bucket-mb 25] [--prefetch 1] [--adam numpy|fused] [--keep-last-layer] [--peers ddp,zero,fsdp|none]
         [--json PATH]
 
 Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shapes):
@@ -86,6 +86,8 @@ def parse_args(argv=None):
     p.add_argument("--limits", default="on", help="off: skip the machine limits and floors (growth.py)")
     p.add_argument("--adam", default="numpy", choices=("numpy", "fused"),
                    help="the stage rows' AdamW: zerompi/adam.py's NumPy update, or --fused-adam's loop (Numba)")
+    p.add_argument("--keep-last-layer", action="store_true",
+                   help="stage 3 rows keep the last layer gathered into backward (zerompi.train --keep-last-layer)")
     p.add_argument("--peers", default="ddp,zero,fsdp", help="comma list, or none")
     p.add_argument("--json", default=None, help="write every number to this file (rank 0)")
     args = p.parse_args(argv)
@@ -234,7 +236,8 @@ class StageRun:
         B = args.batch_per_rank
         config = OverlapConfig(overlap == "on", args.bucket_mb, args.prefetch)
         self.engine = build_engine(args.sizes, stage, precision_for("float32"), AdamConfig(kernel=args.kernel), B,
-                                   bucket_mb=config.bucket_mb, start_collectives=config.start)
+                                   bucket_mb=config.bucket_mb, start_collectives=config.start,
+                                   keep_last_layer=args.keep_last_layer and stage == 3)
         self.step = warmed_up_step(self.engine, args)
         self.stage, self.round_s, self.steps = stage, [], 0
         layout = self.engine.layout
@@ -384,7 +387,7 @@ def print_table(out, num_params):
     print(f"other processes: {100 * out['others_share']:.1f}% of the machine's CPU during the rounds "
           f"(kernel counters, /proc/stat)")
     peers = {name: p for name, p in out["peers"].items() if name != "error" and "error" not in p}
-    print(f"stage rows' AdamW: {a['adam']}")
+    print(f"stage rows' AdamW: {a['adam']}" + (" | stage 3 keeps the last layer" if a["keep_last_layer"] else ""))
     print("\nstage overlap  step ms  exposed  busy ms  adam ms  fused | floor: compute  optim   comm  total | "
           "ratio | ledger MB" + "".join(f" | /{name}" for name in peers))
     for row, r in out["stages"].items():

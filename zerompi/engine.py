@@ -59,7 +59,8 @@ class Engine:
 
 
 def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=None, micro_batches=1,
-                 bucket_mb=BUCKET_MB, start_collectives=Collectives, hierarchy=None, stage_class=None):
+                 bucket_mb=BUCKET_MB, start_collectives=Collectives, hierarchy=None, stage_class=None,
+                 keep_last_layer=False):
     comm = comm if comm is not None else Communicator()
     shard_comm = hierarchy.shard_comm if hierarchy else comm   # the ranks each layer is sharded over
     if stage_class is None:                                    # (or zerompi/offload/'s OffloadedStage3)
@@ -73,6 +74,7 @@ def build_engine(sizes, stage_number, precision, adam_config, batch_rows, comm=N
     step_sums = memory.alloc("work", "step_sums", (len(layout.layers) + 2,), np.float64)
     comm.reserve_host_staging(memory, max(largest * precision.compute.itemsize, step_sums.nbytes))
     options = {"buckets": buckets} if stage_class.takes_buckets else {}
+    options.update({"keep_last_layer": True} if keep_last_layer else {})     # stage 3's (zerompi/stages/stage3.py)
     if hierarchy is None:
         collectives = start_collectives(comm)      # after the staging: a communication thread shares it
         stage = stage_class(layout, collectives, memory, precision, adam_config, **options)

@@ -68,11 +68,12 @@ def make_batches(sizes, steps, seed=1, rows=GLOBAL_BATCH):
 
 def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro_batches=1,
                 overlap=OverlapConfig(), grouping=FLAT, adam=None, quantizer=None, grads_quantizer=None,
-                grads_node_size=None, quant_error=False):
+                grads_node_size=None, quant_error=False, keep_last_layer=False):
     """An engine for this rank's share of the global batch, not yet initialized; adam: an
     AdamConfig with the suite's weight decay (zerompi/offload/'s to offload its state);
     quantizer, grads_quantizer: qwZ's and qgZ's (zerompi/quantize/), or None; grads_node_size: qgZ's
-    two hops over nodes of that many ranks; quant_error: their errors measured (--quant-error)."""
+    two hops over nodes of that many ranks; quant_error: their errors measured (--quant-error);
+    keep_last_layer: stage 3's --keep-last-layer."""
     comm = comm if comm is not None else world()
     rows = global_batch // (comm.size * micro_batches)
     adam = adam if adam is not None else AdamConfig(weight_decay=WEIGHT_DECAY)
@@ -80,7 +81,7 @@ def make_engine(stage, sizes, dtype, comm=None, global_batch=GLOBAL_BATCH, micro
     start = (overlap.start if quantizer is None and grads_quantizer is None
              else quantized_collectives(quantizer, grads_quantizer, grads_node_size, quant_error))
     return build_engine(sizes, stage, precision_for(np.dtype(dtype).name), adam, rows, comm, micro_batches,
-                        overlap.bucket_mb, start, hierarchy_for(comm, grouping), stage_class)
+                        overlap.bucket_mb, start, hierarchy_for(comm, grouping), stage_class, keep_last_layer)
 
 
 def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.0):
@@ -102,10 +103,10 @@ def run_steps(engine, batches, micro_batches=1, loss_scale=1.0, max_grad_norm=0.
 
 def train_zero(stage, sizes, dtype, batches, comm=None, seed=0, micro_batches=1, loss_scale=1.0,
                max_grad_norm=0.0, overlap=OverlapConfig(), grouping=FLAT, adam=None, quantizer=None,
-               grads_quantizer=None, grads_node_size=None, quant_error=False):
+               grads_quantizer=None, grads_node_size=None, quant_error=False, keep_last_layer=False):
     """A fresh engine initialized from seed and trained on batches; returns (engine, results)."""
     engine = make_engine(stage, sizes, dtype, comm, batches[0][0].shape[0], micro_batches, overlap, grouping,
-                         adam, quantizer, grads_quantizer, grads_node_size, quant_error)
+                         adam, quantizer, grads_quantizer, grads_node_size, quant_error, keep_last_layer)
     engine.init_params(seed)
     return engine, run_steps(engine, batches, micro_batches, loss_scale, max_grad_norm)
 

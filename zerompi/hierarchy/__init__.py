@@ -48,13 +48,14 @@ class Grouping:
             return hpz_model_state_bytes(num_params, num_ranks, self.hpz_node_size, bytes_per_param)
         return model_state_bytes(stage, num_params, num_ranks, bytes_per_param)
 
-    def ring_collectives(self, stage, num_params, num_ranks, micro_batches=1):
-        """zerompi.memory's ring collectives of one step for this grouping."""
+    def ring_collectives(self, stage, num_params, num_ranks, micro_batches=1, kept=0):
+        """zerompi.memory's ring collectives of one step for this grouping (kept: the elements
+        stage 3's backward does not gather again, --keep-last-layer's last layer)."""
         if self.hybrid(num_ranks):
-            return hybrid_collectives(stage, num_params, num_ranks, self.shard_group, micro_batches)
+            return hybrid_collectives(stage, num_params, num_ranks, self.shard_group, micro_batches, kept)
         if self.hpz_node_size:
-            return hpz_collectives(num_params, num_ranks, self.hpz_node_size, micro_batches)
-        return flat_collectives(stage, num_params, num_ranks, micro_batches)
+            return hpz_collectives(num_params, num_ranks, self.hpz_node_size, micro_batches, kept)
+        return flat_collectives(stage, num_params, num_ranks, micro_batches, kept)
 
 
 FLAT = Grouping()

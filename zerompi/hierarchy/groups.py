@@ -95,4 +95,4 @@ class Hpz:
         """start_collectives: the world's (zerompi/quantize/'s with --quantize-weights); the node's
         gathers are exact."""
         return HpzStage3(layout, start_collectives(self.shard_comm), memory, precision, adam_config,
-                         Collectives(self.node_comm))
+                         Collectives(self.node_comm), **options)

@@ -24,12 +24,11 @@ The secondary slices use the layout unchanged: a layer's padded size is a multip
 splits into L equal slices too (L divides N).
 """
 from ..stages import Stage3
-from ..stages.base import Backward
 
 
 class HpzStage3(Stage3):
-    def __init__(self, layout, collectives, memory, precision, adam_config, node_collectives):
-        super().__init__(layout, collectives, memory, precision, adam_config)
+    def __init__(self, layout, collectives, memory, precision, adam_config, node_collectives, keep_last_layer=False):
+        super().__init__(layout, collectives, memory, precision, adam_config, keep_last_layer)
         self.node_rank, self.node_size = node_collectives.rank, node_collectives.size
         self.param_secondary = memory.alloc("params", "param_secondary", (layout.full_numel // self.node_size,),
                                             precision.storage)
@@ -46,11 +45,9 @@ class HpzStage3(Stage3):
         full = self.param_gather.gather(layer, self.layout.layers[layer.index + 1:])
         size = layer.padded // self.node_size
         self.secondary_of(layer)[...] = full[self.node_rank * size:(self.node_rank + 1) * size]
+        self.keep(layer, full)
         return layer.views(full)
 
-    def before_backward(self, layer):
-        """All-gather the layer from the secondary partition, inside the node."""
-        upcoming = self.layout.layers[layer.index - 1::-1] if layer.index else []
-        weight, bias = layer.views(self.node_gather.gather(layer, upcoming))
-        dweight, dbias = layer.views(self.layer_grads.take(layer))
-        return Backward(weight, bias, dweight, dbias, accumulate=False)
+    def gather_again(self, layer):
+        """Backward's all-gather of the layer from the secondary partition, inside the node."""
+        return self.node_gather.gather(layer, self.layout.layers[layer.index - 1::-1] if layer.index else [])

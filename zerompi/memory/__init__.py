@@ -239,10 +239,11 @@ def _strided(num_ranks, size):
     return tuple(tuple(range(first, num_ranks, size)) for first in range(size))
 
 
-def _stage_collectives(stage, num_params, rings, micro_batches=1):
+def _stage_collectives(stage, num_params, rings, micro_batches=1, kept=0):
     """What stage s runs on each ring per step. Stages 0-1 reduce once per step (an all-reduce
     is a reduce-scatter + an all-gather: 2 passes over Ψ); with M micro-batches, stage 2
-    reduce-scatters M times and stage 3 gathers twice and reduce-scatters, M times."""
+    reduce-scatters M times and stage 3 gathers twice and reduce-scatters, M times; its backward
+    gathers Ψ - kept (--keep-last-layer: kept = the last layer's elements, still gathered)."""
     m = micro_batches
     if stage == 0:
         return [RingCollective("grads", 2, num_params, rings)]                # all-reduce
@@ -250,34 +251,35 @@ def _stage_collectives(stage, num_params, rings, micro_batches=1):
         return [RingCollective("grads", m if stage == 2 else 1, num_params, rings),   # reduce-scatter
                 RingCollective("params", 1, num_params, rings)]               # all-gather after the update
     return [RingCollective("params", m, num_params, rings),                   # all-gather in forward
-            RingCollective("params", m, num_params, rings),                   # all-gather in backward
+            RingCollective("params", m, num_params - kept, rings),            # all-gather in backward
             RingCollective("grads", m, num_params, rings)]                    # reduce-scatter
 
 
-def flat_collectives(stage: int, num_params: float, num_ranks: int, micro_batches: int = 1) -> list:
+def flat_collectives(stage: int, num_params: float, num_ranks: int, micro_batches: int = 1, kept: float = 0) -> list:
     """Stage 0-3 over all N ranks: one ring."""
     _check(stage, num_params, num_ranks)
-    return _stage_collectives(stage, num_params, _blocks(num_ranks, num_ranks), micro_batches)
+    return _stage_collectives(stage, num_params, _blocks(num_ranks, num_ranks), micro_batches, kept)
 
 
 def hybrid_collectives(stage: int, num_params: float, num_ranks: int, shard_group: int,
-                       micro_batches: int = 1) -> list:
+                       micro_batches: int = 1, kept: float = 0) -> list:
     """Stage 1-3 inside each group of S consecutive ranks, then the all-reduce of each owned shard
     (Ψ/S elements) over the R = N/S ranks that own it, one per group, once per step (after the
     last micro-batch: the group's sums accumulate until then)."""
     _check_hybrid(stage, num_params, num_ranks, shard_group)
-    return (_stage_collectives(stage, num_params, _blocks(num_ranks, shard_group), micro_batches) +
+    return (_stage_collectives(stage, num_params, _blocks(num_ranks, shard_group), micro_batches, kept) +
             [RingCollective("grads", 2, num_params / shard_group, _strided(num_ranks, shard_group))])
 
 
-def hpz_collectives(num_params: float, num_ranks: int, ranks_per_node: int, micro_batches: int = 1) -> list:
+def hpz_collectives(num_params: float, num_ranks: int, ranks_per_node: int, micro_batches: int = 1,
+                    kept: float = 0) -> list:
     """Stage 3 with hpZ: forward's all-gather over all N (each rank keeps its node's slice of it),
     backward's all-gather of those slices over the L ranks of the node, the reduce-scatter over all N
     (each once per micro-batch)."""
     _check_nodes(num_params, num_ranks, ranks_per_node)
     everyone, nodes, m = _blocks(num_ranks, num_ranks), _blocks(num_ranks, ranks_per_node), micro_batches
     return [RingCollective("params", m, num_params, everyone),
-            RingCollective("params", m, num_params, nodes),
+            RingCollective("params", m, num_params - kept, nodes),
             RingCollective("grads", m, num_params, everyone)]
 
 

@@ -41,9 +41,9 @@ from .stores import Column, allocated_blocks, check_not_cut, host_tier, transfer
 class OffloadedStage3(Stage3):
     """Stage 3 whose parameter shard is kept by adam_config.param_tier (a HostTier or FileTier)."""
 
-    def __init__(self, layout, collectives, memory, precision, adam_config):
+    def __init__(self, layout, collectives, memory, precision, adam_config, keep_last_layer=False):
         self.tier, self.largest = adam_config.param_tier, layout.max_layer_padded // layout.num_ranks
-        super().__init__(layout, collectives, memory, precision, adam_config)
+        super().__init__(layout, collectives, memory, precision, adam_config, keep_last_layer)
         self.adam.params = self.param_shard          # the optimizer runs on it, and counts its moves
         self.ahead = None                            # the layer the pass needs after this access
         if memory.device.is_gpu:                     # the gather's send buffer on the device

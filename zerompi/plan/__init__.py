@@ -54,6 +54,7 @@ class RunShape:
     grads_quantizer: object = None    # qgZ's; None: exact reduce-scatters
     quant_error: bool = False         # their error measured each step beside exact calls (--quant-error)
     adam_kernel: object = None        # what runs AdamW (zerompi/fused/'s FusedAdamKernel); None: the device
+    keep_last_layer: bool = False     # stage 3 keeps the last layer gathered into backward (--keep-last-layer)
 
     @property
     def start_collectives(self):
@@ -96,7 +97,7 @@ def build_planned_engine(shape, rank=0, device=None):
                                 kernel=shape.adam_kernel) if shape.offload else AdamConfig(kernel=shape.adam_kernel))
     return build_engine(list(shape.sizes), shape.stage, shape.precision, adam, shape.rows, comm,
                         shape.micro_batches, shape.overlap.bucket_mb, shape.start_collectives,
-                        hierarchy_for(comm, shape.grouping), OffloadedStage3 if params else None)
+                        hierarchy_for(comm, shape.grouping), OffloadedStage3 if params else None, shape.keep_last_layer)
 
 
 def plan_memory(shape, rank=0, device=None):

@@ -91,22 +91,24 @@ def need_of(plan):
 
 def describe(shape):
     """'stage 2', 'stage 2 in groups of 4', 'stage 3 with hpZ', 'stage 3 with --offload-optimizer file',
-    'stage 3 +qwZ +qgZ'."""
+    'stage 3 +qwZ +qgZ', 'stage 3 +kept last layer'."""
     offload = f" {shape.offload.describe}" if shape.offload else ""
     offload += f" --offload-params {shape.offload_params.name}" if shape.offload_params else ""
     offload += " +qwZ" if shape.weights_quantizer else ""
     offload += " +qgZ" if shape.grads_quantizer else ""
+    offload += " +kept last layer" if shape.keep_last_layer else ""
     if shape.grouping.hybrid(shape.num_ranks):
         return f"stage {shape.stage} in groups of {shape.grouping.shard_group}{offload}"
     return f"stage {shape.stage}{' with hpZ' if shape.grouping.hpz_node_size else ''}{offload}"
 
 
 def flat_at(shape, stage):
-    """The shape at another stage, flat (--offload-params and --quantize-weights only where they exist,
-    stage 3; --quantize-grads at stages 2-3)."""
+    """The shape at another stage, flat (--offload-params, --quantize-weights and --keep-last-layer
+    only where they exist, stage 3; --quantize-grads at stages 2-3)."""
     return replace(shape, stage=stage, grouping=FLAT, offload_params=shape.offload_params if stage == 3 else None,
                    weights_quantizer=shape.weights_quantizer if stage == 3 else None,
-                   grads_quantizer=shape.grads_quantizer if stage >= 2 else None)
+                   grads_quantizer=shape.grads_quantizer if stage >= 2 else None,
+                   keep_last_layer=shape.keep_last_layer and stage == 3)
 
 
 def variants(shape):
@@ -117,7 +119,7 @@ def variants(shape):
     if shape.offload is None:
         flat.append(replace(shape, stage=3, grouping=FLAT, offload=FileTier(None, 0)))
     if shape.grouping.hybrid(shape.num_ranks):
-        return flat + [replace(shape, stage=s) for s in (1, 2, 3)]
+        return flat + [replace(shape, stage=s, keep_last_layer=shape.keep_last_layer and s == 3) for s in (1, 2, 3)]
     if shape.grouping.hpz_node_size:
         return flat + [replace(shape, stage=3)]
     return flat

@@ -26,7 +26,9 @@ starts the next P layers' all-gathers early, each into one of the 1 + P buffers,
 arrive while layer u computes. This file does not change for it.
 
 Communication per rank: two all-gathers and one reduce-scatter of Psi = 3 Psi (N-1)/N, 1.5x the
-other stages: the price of not keeping the parameters.
+other stages: the price of not keeping the parameters. The last layer's two gathers come back to
+back, into the buffer that still holds it: --keep-last-layer (keep_last_layer) takes it from there,
+as FSDP2 keeps its root module: (3 Psi - psi_last)(N-1)/N, psi_last the last layer's elements.
 """
 from ..ledger import GRADS
 from .base import Backward, LayerGradBuffers, Owned, ZeroStage
@@ -36,8 +38,9 @@ class Stage3(ZeroStage):
     stage = 3
     reduce_scatter_adds = True
 
-    def __init__(self, layout, collectives, memory, precision, adam_config):
+    def __init__(self, layout, collectives, memory, precision, adam_config, keep_last_layer=False):
         super().__init__(layout, collectives, memory, precision)
+        self.keep_last_layer, self.kept = keep_last_layer, None     # kept: the last layer, gathered
         dtype = precision.storage
         self.param_shard = self.hold_params(memory, layout.shard_numel, dtype)
         self.grad_shard = memory.alloc("grads", "grad_shard", (layout.shard_numel,), dtype)
@@ -60,18 +63,28 @@ class Stage3(ZeroStage):
 
     def before_forward(self, layer):
         """All-gather the layer's parameters into the one-layer buffer."""
-        upcoming = self.layout.layers[layer.index + 1:]
-        return layer.views(self.param_gather.gather(layer, upcoming))
+        full = self.param_gather.gather(layer, self.layout.layers[layer.index + 1:])
+        self.keep(layer, full)
+        return layer.views(full)
+
+    def keep(self, layer, full):
+        """--keep-last-layer: the last layer's gathered parameters (full) stay for its backward."""
+        self.kept = full if self.keep_last_layer and layer.index + 1 == len(self.layout.layers) else None
 
     def after_forward(self, layer):
         """Nothing to free: the next layer's all-gather reuses the buffer."""
 
     def before_backward(self, layer):
-        """All-gather the layer's parameters again, and hand out a one-layer gradient buffer."""
-        upcoming = self.layout.layers[layer.index - 1::-1] if layer.index else []
-        weight, bias = layer.views(self.param_gather.gather(layer, upcoming))
+        """All-gather the layer's parameters again (or take the kept last layer), and hand out a
+        one-layer gradient buffer."""
+        full, self.kept = (self.kept if self.kept is not None else self.gather_again(layer)), None
+        weight, bias = layer.views(full)
         dweight, dbias = layer.views(self.layer_grads.take(layer))
         return Backward(weight, bias, dweight, dbias, accumulate=False)   # always written afresh
+
+    def gather_again(self, layer):
+        """Backward's all-gather of the layer, the pass going on to the layers before it."""
+        return self.param_gather.gather(layer, self.layout.layers[layer.index - 1::-1] if layer.index else [])
 
     def after_backward(self, layer):
         """grad_shard[layer] = (or +=, after the first micro-batch) sum_r g_r[owned]: one

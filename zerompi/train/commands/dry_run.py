@@ -169,7 +169,9 @@ def _count(n):
 def _comm_formula(shape):
     """Ring elements per rank and step by zerompi.memory's formulas (rank 0's); qgZ's int4 gradients
     as the half as many bytes of their packed pairs."""
-    collectives = shape.grouping.ring_collectives(shape.stage, shape.num_params, shape.num_ranks, shape.micro_batches)
+    kept = (shape.sizes[-2] + 1) * shape.sizes[-1] if shape.keep_last_layer else 0     # --keep-last-layer
+    collectives = shape.grouping.ring_collectives(shape.stage, shape.num_params, shape.num_ranks, shape.micro_batches,
+                                                  kept)
     rank0 = ring_traffic(collectives, shape.node_of_rank or (0,) * shape.num_ranks)[0]
     words = shape.grads_quantizer.bits / 8 if shape.grads_quantizer else 1
     return sum(n * (words if purpose == GRADS else 1) for link in ("intra", "inter") for purpose, n in rank0[link].items())

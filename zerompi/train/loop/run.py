@@ -130,13 +130,13 @@ def setup(cfg, comm, out):
     shape = run_shape(cfg, sizes, comm.size, grouping, comm.node_of_rank, comm.device.is_gpu, comm.rank)
     comm.check_all(preflight_error(shape, comm.rank, comm.device, ranks_on_node))
     precision, rows = shape.precision, shape.rows            # rows: this rank's rows of one micro-batch
-    engine = build_engine(sizes, shape.stage, precision, adam_config, rows, comm, shape.micro_batches, shape.overlap.bucket_mb,
-                          shape.start_collectives, hierarchy_for(comm, grouping), shape.offload_params and OffloadedStage3)
+    engine = build_engine(sizes, shape.stage, precision, adam_config, rows, comm, shape.micro_batches,
+                          shape.overlap.bucket_mb, shape.start_collectives, hierarchy_for(comm, grouping),
+                          shape.offload_params and OffloadedStage3, shape.keep_last_layer)
     for path, what in ((cfg.save_weights, "weights"), (cfg.metrics, "metrics"), (cfg.trace, "the trace")):
         comm.check_all(check_writable(path, what) if path and comm.rank == 0 else None)
     comm.check_all(tensorboard_missing() if cfg.tensorboard and comm.rank == 0 else None)
-    scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window,
-                        cfg.min_loss_scale)
+    scaler = LossScaler(precision.storage == np.float16, cfg.loss_scale, cfg.loss_scale_window, cfg.min_loss_scale)
     first_step, note, lineage, resumed = start_from(engine, cfg, scaler)
     agree(comm, start_fields(cfg, resumed), out)             # one --save-dir, one checkpoint or weights file
     comm.check_all(f"the checkpoint is at step {first_step}, past --steps {cfg.steps}: pass a larger --steps"

@@ -114,6 +114,9 @@ class TrainConfig:
                               "least this many MB at a time (0: every layer)", ZERO, metavar="MB")
     prefetch: int = option(1, "stage 3 with --overlap: all-gather this many layers ahead (one layer buffer "
                            "each)", ZERO, metavar="LAYERS")
+    keep_last_layer: bool = option(False, "stage 3: keep the last layer gathered from the end of forward to the "
+                                   "start of backward, one all-gather fewer per micro-batch, as FSDP2 keeps its "
+                                   "root module (the weights are the same bit for bit)", ZERO)
     shard_group: str = option("world", "hybrid sharding: ZeRO inside groups of S consecutive ranks (node: the "
                               "ranks of one node), replicas across the groups; stages 1-3 "
                               "(docs/multi-node.md)", ZERO, metavar="{world,node,S}")

@@ -39,6 +39,8 @@ def check_config(cfg, num_ranks):
     if cfg.quantize_grads != "none" and (cfg.stage < 2 or cfg.overlap or cfg.shard_group != "world"
                                          or cfg.comm == "nccl"):
         return "--quantize-grads is stages 2 and 3's (their reduce-scatters), without --overlap, --shard-group or --comm nccl"
+    if cfg.keep_last_layer and cfg.stage != 3:
+        return "--keep-last-layer keeps stage 3's last layer gathered into backward: it needs --stage 3"
     if cfg.quant_error and cfg.quantize_weights == cfg.quantize_grads == "none":
         return "--quant-error measures --quantize-weights and --quantize-grads: pass one of them"
     if cfg.in_process_ranks < 0 or cfg.in_process_nodes < 1:

@@ -31,7 +31,7 @@ def run_shape(cfg, sizes, num_ranks, grouping, node_of_rank=None, on_gpu=False, 
                     cfg.collective_timeout > 0, offload_tier(cfg, on_gpu, rank),
                     offload_tier(cfg, on_gpu, rank, cfg.offload_params),
                     quantizer(cfg.quantize_weights, cfg.quant_block), quantizer(cfg.quantize_grads, cfg.quant_block),
-                    cfg.quant_error, FusedAdamKernel() if cfg.fused_adam else None)
+                    cfg.quant_error, FusedAdamKernel() if cfg.fused_adam else None, cfg.keep_last_layer)
 
 
 def quantizer(choice, block):

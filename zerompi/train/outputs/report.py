@@ -96,9 +96,11 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping, move
     qgz = engine.stage.collectives.grads if isinstance(engine.stage.collectives, QuantizedCollectives) else None
     owner = (psi / n * qgz.bits / 8, owner_words(qgz, layout)) if qgz else (None, None)   # at Psi, Psi_pad
     hops = engine.stage.collectives.node_size if qgz else None
-    split = [formula_split(grouping.ring_collectives(stage, num, n, micro_batches), comm.node_of_rank,
+    last = layout.layers[-1]                     # --keep-last-layer: its backward gather is not made
+    kept = (last.numel, last.padded) if stage == 3 and engine.stage.keep_last_layer else (0, 0)
+    split = [formula_split(grouping.ring_collectives(stage, num, n, micro_batches, k), comm.node_of_rank,
                            alltoall_elements(words, micro_batches, comm.node_of_rank, hops) if qgz else None)
-             for num, words in zip((psi, psi_pad), owner)]
+             for num, words, k in zip((psi, psi_pad), owner, kept)]
     return {
         "stage": stage, "ranks": n, "steps": steps, "dtype": engine.stage.precision.name,
         "grouping": grouping.describe(stage, n), "shard_group": grouping.shard_group or n,
@@ -106,7 +108,7 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping, move
         "psi": psi, "psi_padded": psi_pad, "bytes_per_param": bytes_per_param.__dict__,
         "memory_formula_bytes": grouping.model_state_bytes(stage, psi, n, bytes_per_param),
         "memory_formula_padded_bytes": grouping.model_state_bytes(stage, psi_pad, n, bytes_per_param),
-        "micro_batches": micro_batches,
+        "micro_batches": micro_batches, "kept_last_layer_elements": kept[0],
         "comm_formula_elements_per_step": sum(split[0][0]),
         "comm_formula_padded_elements_per_step": sum(split[1][0]),
         "nodes": len(set(comm.node_of_rank)), "node_of_rank": list(comm.node_of_rank),
@@ -114,13 +116,14 @@ def build_report(engine, train_comm, steps, stage, micro_batches, grouping, move
         "comm_formula_padded_node_elements_per_step": split[1],
         "per_rank": [dict(zip(COLUMNS, map(float, row))) for row in everyone],
         "offloaded": offloaded_kinds(everyone),
-        **quantized(engine.stage.collectives, layout, micro_batches, grouping),
+        **quantized(engine.stage.collectives, layout, micro_batches, grouping, kept[0] > 0),
     }
 
 
-def quantized(collectives, layout, micro_batches, grouping):
+def quantized(collectives, layout, micro_batches, grouping, kept_last=False):
     """qwZ's and qgZ's block, what they quantize, and the scales' formula bytes per step: 2 M quantized
-    gathers of every layer (M with hpZ) and M quantized reductions; {} without either."""
+    gathers of every layer (M with hpZ; M fewer of the last with --keep-last-layer, kept_last) and M
+    quantized reductions; {} without either."""
     if not isinstance(collectives, QuantizedCollectives):
         return {}
     weights, grads, hops = collectives.weights, collectives.grads, collectives.node_size
@@ -129,7 +132,9 @@ def quantized(collectives, layout, micro_batches, grouping):
     return {"quantize_block": (weights or grads).block, "two_hops_node_size": hops,
             "quant_error": error_summary(collectives.error),
             "quantized": [f"{name} as int{q.bits}" for name, q in (("parameters", weights), ("gradients", grads)) if q],
-            "scales_formula_bytes_per_step": sum(n * scales_ring_bytes(layout, q) for n, q in calls if n)}
+            "scales_formula_bytes_per_step": sum(n * scales_ring_bytes(layout, q) for n, q in calls if n) - (
+                micro_batches * 4 * (layout.num_ranks - 1) * weights.blocks(layout.layers[-1].shard_size)
+                if kept_last and weights and not grouping.hpz_node_size else 0)}
 
 
 def error_summary(error):
@@ -181,6 +186,8 @@ def format_table(report):
     b = r["bytes_per_param"]
     m = r["micro_batches"]
     comm_name = f"{_passes(r['stage'], m > 1)} Psi (N-1)/N"
+    if r["kept_last_layer_elements"]:                 # --keep-last-layer
+        comm_name = f"({_passes(r['stage'], m > 1)} Psi - {'M ' if m > 1 else ''}psi_last) (N-1)/N"
     if r["shard_group"] != r["ranks"] or r["hpz_ranks_per_node"]:     # zerompi/hierarchy/
         comm_name = "of the groups' rings (zerompi.memory.ring_traffic)"
     if m > 1:
@@ -216,6 +223,9 @@ def format_table(report):
                      f" {row['comm_seconds'] * 1e3:>8.2f}ms")
     lines.append(f"     formula {comm_name}: {comm_formula:,.0f} at Psi, "
                  f"{r['comm_formula_padded_elements_per_step']:,.0f} at Psi_pad")
+    if r["kept_last_layer_elements"]:
+        lines.append(f"     psi_last = {r['kept_last_layer_elements']:,} elements: the last layer, kept gathered "
+                     f"from forward into backward (--keep-last-layer)")
     quantized = " ".join(r.get("quantized", []))
     if b["param"] == 2 and not ("parameters" in quantized and "gradients" in quantized):
         lines.append("     bytes: " + ", ".join(
