@@ -21,18 +21,19 @@ import resource
 import time
 
 OTHERS_LIMIT = 0.10
-BUSY_FIELDS = (0, 1, 2, 4, 5, 6)      # /proc/stat "cpu": user nice system [idle] [iowait] irq softirq steal
-STEAL = 7
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)      # /proc/stat "cpu": user nice system (idle iowait) irq softirq steal
 
 
-def busy_cpu_seconds():
-    """(CPU seconds every CPU of the machine spent busy since boot, the number of CPUs counted)."""
-    with open("/proc/stat") as f:
-        lines = f.read().splitlines()
-    fields = [int(x) for x in lines[0].split()[1:]]
+def busy_cpu_seconds(stat=None):
+    """(CPU seconds every CPU of the machine spent busy since boot, the number of CPUs counted),
+    from /proc/stat's text (stat: that text, else read now). Idle and iowait are not busy."""
+    if stat is None:
+        with open("/proc/stat") as f:
+            stat = f.read()
+    lines = stat.splitlines()
+    fields = [int(x) for x in lines[0].split()[1:]] + [0] * len(BUSY_FIELDS)   # old kernels: no steal
     cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-    busy = sum(fields[i] for i in BUSY_FIELDS) + (fields[STEAL] if len(fields) > STEAL else 0)
-    return busy / os.sysconf("SC_CLK_TCK"), cpus
+    return sum(fields[i] for i in BUSY_FIELDS) / os.sysconf("SC_CLK_TCK"), cpus
 
 
 def own_cpu_seconds():
@@ -42,7 +43,8 @@ def own_cpu_seconds():
 
 class OtherProcesses:
     """The share of the machine's CPU time that processes other than this job used between
-    start() and share() (collective over comm, an mpi4py communicator of the job's ranks)."""
+    start() and share() (collective over comm, an mpi4py communicator of the job's ranks, all on
+    this machine: the counters are one kernel's)."""
 
     def __init__(self, comm):
         self.comm = comm

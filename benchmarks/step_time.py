@@ -29,7 +29,7 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             results, when a row or an AdamW alone ran below its floor, or others took > 10%.
   floor     compute = training FLOPs per rank and step / GEMM rate;
             optimizer = 7 compulsory passes (read p, g, m, v; write p, m, v) x 4 B x owned
-                        elements / bandwidth (zerompi's chunked AdamW makes ~14 ufunc passes per
+                        elements / bandwidth (zerompi's chunked AdamW makes 11-12 ufunc passes per
                         chunk, but the chunk stays in cache); "adam" prints AdamW.update measured
                         alone on the owned size, and "fused" zerompi/fused/'s loop (when Numba
                         imports; --adam fused: the stage rows' update too), each once per round
@@ -45,7 +45,6 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             are DDP ~ stage 0, ZeroRedundancyOptimizer ~ stage 1, FSDP2 ~ stage 3.
 """
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -60,7 +59,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from zerompi.adam import AdamConfig, AdamW            # noqa: E402
 from zerompi.engine import build_engine              # noqa: E402
-from zerompi.fused import FusedAdamKernel            # noqa: E402
+from zerompi.fused import FusedAdamKernel, compiled_loop   # noqa: E402
 from zerompi.ledger import MemoryLedger              # noqa: E402
 from zerompi.overlap import OverlapConfig            # noqa: E402
 from zerompi.precision import precision_for          # noqa: E402
@@ -96,6 +95,8 @@ def parse_args(argv=None):
     args.peers = [] if args.peers == "none" else args.peers.split(",")
     args.overlap = args.overlap.split(",")
     args.kernel = FusedAdamKernel() if args.adam == "fused" else None
+    if args.kernel and not numba_imports():
+        p.error("--adam fused needs Numba: pip install -e '.[fast]'")
     return args
 
 
@@ -211,9 +212,17 @@ def collectives(sizes, how):
             "allgather": concurrent_time(lambda: [COMM.Allgather(s, f) for f, s in pairs], 5)}
 
 
+def numba_imports():
+    try:
+        compiled_loop()
+    except Exception:                  # not installed, or built for another NumPy
+        return False
+    return True
+
+
 def adam_kernels():
     """{column: kernel} of the AdamW updates timed alone: the NumPy one, and the fused loop when Numba imports."""
-    return {"adam_alone_s": None, **({"adam_fused_s": FusedAdamKernel()} if importlib.util.find_spec("numba") else {})}
+    return {"adam_alone_s": None, **({"adam_fused_s": FusedAdamKernel()} if numba_imports() else {})}
 
 
 def measure_adam(numel, kernel=None, seconds_reps=3):

@@ -11,7 +11,7 @@ import pytest
 from test_cli import ERROR_MARK, load_weights, train_ok
 from test_in_process_cli import FLAGS, in_process_ok
 from zerompi.inprocess import run_ranks
-from zerompi.train.loop.offload_folder import fused_kernel
+from zerompi.train.loop.offload_folder import adam_config_for
 from zerompi.util.exit_codes import ExitCode
 
 
@@ -41,11 +41,11 @@ def test_in_process_ranks_save_the_same_weights_with_it_and_say_so(tmp_path):
     assert work and work != [line for line in plain.output.splitlines() if line.startswith("   0 ")]  # no scratch
 
 
-def test_without_numba_it_is_one_line_exit_2(tmp_path):
+@pytest.mark.parametrize("flags", [("--in-process-ranks", 2), ("--dry-run", "--ranks", 2)], ids=["run", "dry-run"])
+def test_without_numba_it_is_one_line_exit_2(tmp_path, flags):
     code = ("import sys; sys.modules['numba'] = None\n"             # importing it raises ImportError
-            "from zerompi.train.loop.run import main\n"
-            "raise SystemExit(main(sys.argv[1:]))\n")
-    result = subprocess.run([sys.executable, "-c", code, "--in-process-ranks", "2", "--fused-adam", "--steps", "2"],
+            "import runpy; runpy.run_module('zerompi.train', run_name='__main__')\n")
+    result = subprocess.run([sys.executable, "-c", code, *map(str, flags), "--fused-adam", "--steps", "2"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == ExitCode.BAD_INPUT, result.stdout + result.stderr
     assert result.stderr.strip().splitlines() == [
@@ -53,16 +53,19 @@ def test_without_numba_it_is_one_line_exit_2(tmp_path):
 
 
 def test_on_a_gpu_without_offload_it_is_refused_and_with_offload_it_runs(capsys):
-    """fused_kernel's choice on every rank (the GPU's own update is zerompi/devices/kernels.py's)."""
+    """adam_config_for on a device that is a GPU (the GPU's own update is zerompi/devices/kernels.py's)."""
+    gpu = SimpleNamespace(is_gpu=True)
+
     def rank(comm, offload):
-        cfg = SimpleNamespace(fused_adam=True, offload_optimizer=offload)
+        cfg = SimpleNamespace(fused_adam=True, offload_optimizer=offload, offload_params="none", offload_dir="",
+                              beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
         try:
-            return type(fused_kernel(cfg, comm, update_on_gpu=offload == "none")).__name__
+            config = adam_config_for(cfg, comm, gpu, sys.stdout)
         except SystemExit as e:
             return e.code
+        return type(config).__name__, type(config.kernel).__name__
     assert run_ranks(lambda comm: rank(comm, "none"), 2) == [ExitCode.BAD_INPUT] * 2
     assert capsys.readouterr().err.splitlines() == [
         f"{ERROR_MARK} --fused-adam compiles the CPU's AdamW, and this run updates on the GPU in one kernel "
         "already (it applies with --offload-optimizer, whose update runs on the CPU)"]
-    assert run_ranks(lambda comm: rank(comm, "host"), 2) == ["FusedAdamKernel"] * 2
-    assert fused_kernel(SimpleNamespace(fused_adam=False), None, True) is None
+    assert run_ranks(lambda comm: rank(comm, "host"), 2) == [("OffloadedAdamConfig", "FusedAdamKernel")] * 2

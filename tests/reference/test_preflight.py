@@ -19,8 +19,8 @@ from zerompi.model import INIT_CHUNK
 from zerompi.offload import FileTier
 from zerompi.overlap import OverlapConfig
 from zerompi.plan import RunShape, plan_memory, plan_run
-from zerompi.plan.preflight import (RUNTIME_RESERVE, fewest_ranks, need_bytes, preflight_error,
-                                    start_transient_bytes, thread_bytes)
+from zerompi.plan.preflight import (NUMBA_BYTES, RUNTIME_RESERVE, fewest_ranks, need_bytes, preflight_error,
+                                    runtime_bytes, start_transient_bytes, thread_bytes)
 from zerompi.precision import precision_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,6 +35,16 @@ class Limited(CPU):
 
     def memory_available(self, ranks_on_node=1):
         return self.available, "set by the test"
+
+
+def test_the_fused_adamw_needs_numba_beside_and_one_adam_scratch_chunk_less():
+    """--fused-adam: Numba and LLVM once compiled (NUMBA_BYTES), and no adam.scratch chunk."""
+    from zerompi.fused import FusedAdamKernel
+    for stage in range(4):
+        plain, fused = plan_run(replace(WIDE, stage=stage)), plan_run(replace(WIDE, stage=stage, adam_kernel=FusedAdamKernel()))
+        assert runtime_bytes(fused) == runtime_bytes(plain) + NUMBA_BYTES
+        assert plain.total_bytes - fused.total_bytes == 65536 * 4        # float32: the chunk it does not hold
+        assert need_bytes(fused.shape) == need_bytes(plain.shape) + NUMBA_BYTES - 65536 * 4
 
 
 def test_need_is_the_plan_plus_the_init_chunk_plus_mpi_scratch_and_the_reserve():

@@ -18,7 +18,9 @@ operation, in the same order, in the same dtype as a NumPy pass of adamw_chunked
     s *= step';  p -= s
 
 with every constant rounded to the arrays' dtype first, as NumPy rounds a Python float beside a
-float32 array. (A multiplier or decay of 1, whose pass adamw_chunked skips, is exact.) No fast
+float32 array. (A multiplier or decay of 1, whose pass adamw_chunked skips, is exact.) The
+gradient is read, not written: adamw_chunked scales a full-precision one in place, and nothing
+reads it after the update either way. No fast
 math: Numba reassociates nothing and fuses no multiply-add unless told to. Its error model is
 NumPy's: a division by zero gives IEEE's inf instead of raising, and the loop has no branch per
 element, so LLVM vectorizes it.
@@ -28,10 +30,10 @@ compute dtype), the loop updates the fp32 master chunk, and NumPy rounds it into
 exactly adamw_chunked's first and last passes. Full precision needs no scratch at all.
 
 The loop compiles on its first call for each dtype (about a second, once per process) and
-releases the interpreter lock (`nogil`), so in-process ranks (zerompi/inprocess/) and the
-overlap thread update at once.
+releases the interpreter lock (`nogil`), so in-process ranks (zerompi/inprocess/) update at once.
 """
 import functools
+import threading
 
 import numpy as np
 
@@ -64,10 +66,18 @@ class FusedAdamKernel:
             param[lo:hi] = master[lo:hi]         # round the fp32 master into the 16-bit parameters
 
 
-@functools.cache
 def compiled_loop():
-    """adamw_loop compiled by Numba, once per process (each dtype at its first call). Only a run
-    that updates with it pays for importing Numba."""
+    """adamw_loop compiled by Numba, once per process (each dtype at its first call; in-process
+    ranks asking at once wait for the first). Only a run that updates with it imports Numba."""
+    with _COMPILING:
+        return _compiled()
+
+
+_COMPILING = threading.Lock()
+
+
+@functools.cache
+def _compiled():
     import numba
     return numba.njit(nogil=True, error_model="numpy")(adamw_loop)
 

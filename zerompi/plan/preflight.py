@@ -19,7 +19,9 @@
                (ulimit -s) and its malloc arena (64 MB of address space, glibc on 64 bits);
                RUNTIME_RESERVE for the rest (BLAS's buffers, the batches, the report: measured
                7-42 MB beyond the scratch on CPU runs of 2-4 ranks with MPICH 5 and OpenBLAS,
-               tests/reference/test_preflight_limits.py)
+               tests/reference/test_preflight_limits.py); with --fused-adam, NUMBA_BYTES for Numba
+               and LLVM once the loop is compiled (measured: 202 MB of address space, 118 MB
+               resident, Numba 0.68)
     available  what the device says a rank may still allocate (memory_available): on a CPU the
                least of the address-space limit (ulimit -v) less what the process maps already,
                the memory cgroup's limit less its usage (v2 or v1, its own or an ancestor's) and
@@ -52,6 +54,7 @@ from . import plan_run
 
 RUNTIME_RESERVE = 64 << 20   # bytes the libraries allocate after the start, beside MPI's scratch
 THREAD_ARENA = 64 << 20      # glibc's malloc arena for a new thread (HEAP_MAX_SIZE on 64 bits)
+NUMBA_BYTES = 256 << 20      # --fused-adam: Numba and LLVM, imported and compiled (zerompi/fused/)
 FILE_LAYER_BYTES = 17        # per element while a layer is read from a file: float64 + a tensor + a check
 
 
@@ -69,7 +72,8 @@ def runtime_bytes(plan):
     scratch = {}
     for call in plan.calls:
         scratch[call.communicator] = max(scratch.get(call.communicator, 0), call.nbytes)
-    return sum(scratch.values()) + plan.threads * thread_bytes() + RUNTIME_RESERVE
+    numba = NUMBA_BYTES if plan.shape.adam_kernel is not None else 0
+    return sum(scratch.values()) + plan.threads * thread_bytes() + RUNTIME_RESERVE + numba
 
 
 def thread_bytes():

@@ -24,6 +24,7 @@ from ..options.config import _Parser, add_planning_flags, parse_args
 from ..options.config_checks import check_config
 from ..loop.data import load_data
 from ..loop.in_process import in_process_error
+from ..loop.offload_folder import numba_error
 from ..options.before_mpi import choices_before_mpi
 from ..options.errors import ArgumentError
 from ..options.grouping import grouping_error, resolve_grouping
@@ -74,12 +75,14 @@ def answer_dry_run(argv, environ, out=sys.stdout):
 
 def dry_run_text(argv, environ, ranks, ranks_per_node):
     early = choices_before_mpi(argv)          # --in-process-ranks N (--in-process-nodes M): those ranks
-    if ranks is None and early.in_process_ranks:
+    if early.in_process_ranks and (ranks is not None or ranks_per_node is not None):
+        raise ArgumentError("--ranks and --ranks-per-node plan a launch's ranks, --in-process-ranks and "
+                            "--in-process-nodes their own: pass one pair")
+    if early.in_process_ranks:
         error = in_process_error(early, environ)
         if error:
             raise ArgumentError(error)
-        ranks, per_node = early.in_process_ranks, early.in_process_ranks // early.in_process_nodes
-        ranks_per_node = ranks_per_node if ranks_per_node is not None else per_node
+        ranks, ranks_per_node = early.in_process_ranks, early.in_process_ranks // early.in_process_nodes
     num_ranks = ranks if ranks is not None else first_number(environ, LAUNCHER_SIZE_VARIABLES) or None
     if num_ranks is None:
         raise ArgumentError("--dry-run needs --ranks N (or a launcher that starts N processes)")
@@ -90,7 +93,7 @@ def dry_run_text(argv, environ, ranks, ranks_per_node):
     if not 1 <= per_node <= num_ranks:
         raise ArgumentError(f"--ranks-per-node must be in 1..{num_ranks}, got {per_node}")
     cfg = parse_args(argv, 0, num_ranks)
-    for error in (check_config(cfg, num_ranks), grouping_error(cfg, num_ranks)):
+    for error in (check_config(cfg, num_ranks), grouping_error(cfg, num_ranks), cfg.fused_adam and numba_error()):
         if error:
             raise ArgumentError(error)
     node_of_rank = tuple(r // per_node for r in range(num_ranks))

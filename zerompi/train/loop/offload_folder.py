@@ -13,7 +13,6 @@ The scratch files are unlinked as soon as they are open, so a run leaves none be
 ends; a file named like one (a run killed in the instant between creating and unlinking it) is
 removed by the next run that takes the lock, when the process it names is no longer running.
 """
-import importlib
 import os
 import socket
 import stat
@@ -23,7 +22,7 @@ import numpy as np
 
 from ...adam import AdamConfig
 from ...checkpoint.files import CheckpointError
-from ...fused import FusedAdamKernel
+from ...fused import FusedAdamKernel, compiled_loop
 from ...offload import FILE_PREFIX, FileTier, OffloadedAdamConfig
 from ..options.shape import offload_tier
 from ...util.atomic import process_running
@@ -59,15 +58,20 @@ def fused_kernel(cfg, comm, update_on_gpu):
     one line, every rank exits BAD_INPUT, where it cannot run."""
     if not cfg.fused_adam:
         return None
-    try:
-        importlib.import_module("numba")        # zerompi/fused/ compiles its loop with it
-        missing = None
-    except ImportError:
-        missing = "--fused-adam needs Numba: pip install -e '.[fast]' (or pip install numba)"
     comm.check_all("--fused-adam compiles the CPU's AdamW, and this run updates on the GPU in one kernel "
                    "already (it applies with --offload-optimizer, whose update runs on the CPU)" if update_on_gpu
-                   else missing)
+                   else numba_error())
     return FusedAdamKernel()
+
+
+def numba_error():
+    """--fused-adam's one line when Numba does not import here (or cannot compile), else None."""
+    try:
+        compiled_loop()
+    except Exception as e:                      # not installed, or built for another NumPy
+        reason = "" if isinstance(e, ModuleNotFoundError) else f" ({type(e).__name__}: {e})".splitlines()[0]
+        return f"--fused-adam needs Numba: pip install -e '.[fast]' (or pip install numba){reason}"
+    return None
 
 
 def lock_and_sweep(folder, lock_name, out):
