@@ -11,6 +11,10 @@ time, the per-rank model-state bytes (params + grads + optimizer, from the Memor
 per-rank total the ledger allocated (with activations and work buffers), and the per-rank ring
 bytes communicated per step (from the CommLedger). Rows where N exceeds the cores are marked:
 there the ranks share cores, so the step time measures time-slicing as much as ZeRO.
+
+Beside each measured step, the cost model's prediction (zerompi/train/commands/cost.py: the
+row's plan priced by step_cost) with a calibration made at that N just before its rows
+(`mpirun -n N python -m zerompi.plan calibrate`, as a user would), and predicted / measured.
 """
 import argparse
 import json
@@ -20,6 +24,14 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from zerompi.overlap import OverlapConfig                            # noqa: E402
+from zerompi.plan import RunShape, plan_run                          # noqa: E402
+from zerompi.precision import precision_for                          # noqa: E402
+from zerompi.train.commands.calibrate import read_calibration        # noqa: E402
+from zerompi.train.commands.cost import step_cost                    # noqa: E402
+
+ROWS = 64
 
 
 def parse_args(argv=None):
@@ -47,11 +59,38 @@ def measure(n, width, args):
         path = os.path.join(folder, "step.json")
         command = [mpirun(), "-n", str(n), sys.executable, os.path.join(HERE, "step_time.py"),
                    "--sizes", ",".join([str(width)] * 5), "--stages", args.stages, "--overlap", args.overlap,
-                   "--peers", "none", "--limits", "off", "--repeats", "3", "--steps", "5", "--warmup", "2",
+                   "--batch-per-rank", str(ROWS), "--peers", "none", "--limits", "off", "--repeats", "3", "--steps", "5", "--warmup", "2",
                    "--json", path]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, timeout=600)
         with open(path) as f:
             return json.load(f)["stages"]
+
+
+def cpu_name():
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
+
+
+def blas_name():
+    from threadpoolctl import threadpool_info
+    return ", ".join(f"{p['internal_api']} {p['version']} {p.get('architecture')}" for p in threadpool_info()
+                     if p["user_api"] == "blas") or "none found"
+
+
+def calibration(n):
+    """This machine calibrated at N = n (zerompi.plan calibrate), as a Machine."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "machine.json")
+        subprocess.run([mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.plan", "calibrate", "--out", path],
+                       check=True, stdout=subprocess.DEVNULL, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})        # step_time.py's 1 BLAS thread per rank
+        return read_calibration(path)
+
+
+def predicted_s(n, width, stage, machine, overlap):
+    """The cost model's step time of the row: the run's plan priced on the calibrated machine."""
+    shape = RunShape(tuple([width] * 5), stage, precision_for("float32"), ROWS, n, overlap=OverlapConfig(overlap == "on"))
+    return step_cost(plan_run(shape), machine).step_s
 
 
 def main(argv=None):
@@ -60,14 +99,20 @@ def main(argv=None):
     runs = [(n, args.base_width) for n in args.ranks]
     runs += [(2, w) for w in args.widths if (2, w) not in runs]
     rows = []
-    print(f"cost growth | MLP W-W-W-W-W float32 | 64 rows per rank | overlap {args.overlap} | {cores} cores")
-    print(" N     W      Psi  stage  step ms | model state MB/rank  ledger MB/rank  comm MB/rank/step")
+    print(f"cost growth | MLP W-W-W-W-W float32 | {ROWS} rows per rank | overlap {args.overlap} | {cores} cores | "
+          f"{cpu_name()} | BLAS: {blas_name()}")
+    print(" N     W      Psi  stage  step ms  predicted  pred/meas | model state MB/rank  ledger MB/rank  "
+          "comm MB/rank/step")
+    machines = {}
     for n, width in runs:
+        machine = machines.setdefault(n, calibration(n))
         for row, r in measure(n, width, args).items():
             stage = row.split()[0]
+            r["predicted_s"] = predicted_s(n, width, int(stage), machine, args.overlap)
             rows.append({"ranks": n, "width": width, "stage": int(stage), **r})
             note = "  (N > cores)" if n > cores else ""
-            print(f"{n:>2} {width:>5} {r['num_params'] / 1e6:7.2f}M {stage:>5} {1e3 * r['step_s']:8.1f} | "
+            print(f"{n:>2} {width:>5} {r['num_params'] / 1e6:7.2f}M {stage:>5} {1e3 * r['step_s']:8.1f} "
+                  f"{1e3 * r['predicted_s']:10.1f} {r['predicted_s'] / r['step_s']:10.2f} | "
                   f"{r['model_state_mb']:19.1f} {r['ledger_mb']:15.1f} {r['ring_mb_per_step']:18.1f}{note}")
     if args.json:
         with open(args.json, "w") as f:
