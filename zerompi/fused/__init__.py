@@ -32,7 +32,6 @@ exactly adamw_chunked's first and last passes. Full precision needs no scratch a
 The loop compiles on its first call for each dtype (about a second, once per process) and
 releases the interpreter lock (`nogil`), so in-process ranks (zerompi/inprocess/) update at once.
 """
-import functools
 import threading
 
 import numpy as np
@@ -66,20 +65,17 @@ class FusedAdamKernel:
             param[lo:hi] = master[lo:hi]         # round the fp32 master into the 16-bit parameters
 
 
+_COMPILING, _COMPILED = threading.Lock(), []
+
+
 def compiled_loop():
     """adamw_loop compiled by Numba, once per process (each dtype at its first call; in-process
     ranks asking at once wait for the first). Only a run that updates with it imports Numba."""
     with _COMPILING:
-        return _compiled()
-
-
-_COMPILING = threading.Lock()
-
-
-@functools.cache
-def _compiled():
-    import numba
-    return numba.njit(nogil=True, error_model="numpy")(adamw_loop)
+        if not _COMPILED:
+            import numba
+            _COMPILED.append(numba.njit(nogil=True, error_model="numpy")(adamw_loop))
+        return _COMPILED[0]
 
 
 def adamw_loop(p, g, m, v, multiplier, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps_scaled,
