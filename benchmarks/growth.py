@@ -14,7 +14,9 @@ there the ranks share cores, so the step time measures time-slicing as much as Z
 
 Beside each measured step, the cost model's prediction (zerompi/train/commands/cost.py: the
 row's plan priced by step_cost) with a calibration made at that N just before its rows
-(`mpirun -n N python -m zerompi.plan calibrate`, as a user would), and predicted / measured.
+(`mpirun -n N python -m zerompi.plan calibrate`, as a user would), and predicted / measured. A
+calibration during which other processes took more than --others-limit of the machine is void
+(calibrate writes no file): the rows of that N say so, with no prediction.
 """
 import argparse
 import json
@@ -30,6 +32,7 @@ from zerompi.plan import RunShape, plan_run                          # noqa: E40
 from zerompi.precision import precision_for                          # noqa: E402
 from zerompi.train.commands.calibrate import read_calibration        # noqa: E402
 from zerompi.train.commands.cost import step_cost                    # noqa: E402
+from zerompi.util.exit_codes import ExitCode                         # noqa: E402
 
 ROWS = 64
 
@@ -41,6 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--base-width", type=int, default=1024, help="the width of the N sweep")
     p.add_argument("--stages", default="0,1,2,3")
     p.add_argument("--overlap", default="off", help="on or off (one of them)")
+    p.add_argument("--others-limit", default="0.1", help="calibrate's --others-limit (default 0.1)")
     p.add_argument("--json", default=None, help="write every number to this file")
     args = p.parse_args(argv)
     args.ranks = [int(n) for n in args.ranks.split(",")]
@@ -77,13 +81,18 @@ def blas_name():
                      if p["user_api"] == "blas") or "none found"
 
 
-def calibration(n):
-    """This machine calibrated at N = n (zerompi.plan calibrate), as a Machine."""
+def calibration(n, others_limit):
+    """This machine calibrated at N = n (zerompi.plan calibrate), as a Machine; or, where the
+    calibration was void (exit status 9), its line."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "machine.json")
-        subprocess.run([mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.plan", "calibrate", "--out", path],
-                       check=True, stdout=subprocess.DEVNULL, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})        # step_time.py's 1 BLAS thread per rank
+        run = subprocess.run([mpirun(), "-n", str(n), sys.executable, "-m", "zerompi.plan", "calibrate", "--out", path,
+                              "--others-limit", others_limit], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})  # 1 BLAS thread per rank
+        if run.returncode == ExitCode.MEASUREMENT_VOID:
+            return run.stderr.strip()
+        if run.returncode:
+            raise SystemExit(f"growth.py: the calibration at N = {n} failed: {run.stderr.strip()}")
         return read_calibration(path)
 
 
@@ -105,14 +114,19 @@ def main(argv=None):
           "comm MB/rank/step")
     machines = {}
     for n, width in runs:
-        machine = machines.setdefault(n, calibration(n))
+        if n not in machines:
+            machines[n] = calibration(n, args.others_limit)
+            if isinstance(machines[n], str):
+                print(f"N = {n}: no predictions: {machines[n]}")
         for row, r in measure(n, width, args).items():
             stage = row.split()[0]
-            r["predicted_s"] = predicted_s(n, width, int(stage), machine, args.overlap)
+            void = isinstance(machines[n], str)
+            r["predicted_s"] = None if void else predicted_s(n, width, int(stage), machines[n], args.overlap)
             rows.append({"ranks": n, "width": width, "stage": int(stage), **r})
             note = "  (N > cores)" if n > cores else ""
-            print(f"{n:>2} {width:>5} {r['num_params'] / 1e6:7.2f}M {stage:>5} {1e3 * r['step_s']:8.1f} "
-                  f"{1e3 * r['predicted_s']:10.1f} {r['predicted_s'] / r['step_s']:10.2f} | "
+            prediction = f"{'void':>10} {'-':>10}" if void else \
+                f"{1e3 * r['predicted_s']:10.1f} {r['predicted_s'] / r['step_s']:10.2f}"
+            print(f"{n:>2} {width:>5} {r['num_params'] / 1e6:7.2f}M {stage:>5} {1e3 * r['step_s']:8.1f} {prediction} | "
                   f"{r['model_state_mb']:19.1f} {r['ledger_mb']:15.1f} {r['ring_mb_per_step']:18.1f}{note}")
     if args.json:
         with open(args.json, "w") as f:

@@ -41,6 +41,14 @@ Method (every rank with 1 BLAS thread, float32, the same MLP and batch shapes fo
   ratios     each variant's step time, ledger bytes and formula bytes over flat stage 3's: the
              formula's 2/3 for hpZ (2 Psi against 3 Psi per step across nodes), 2 Psi (k-1)/k
              over 3 Psi (N-1)/N for hybrid sharding at any stage.
+  link       the limit (benchmarks/floors.py's rule): in each round, after the variants, every rank
+             all-gathers --probe-mb MB (MPI's Allgather), timed, the node leaders reading their tx
+             counters: the busiest node's wire bytes / the time is one sample of the link's rate,
+             and the best of the rounds' samples is the link, its spread beside it. A variant's
+             floor is its busiest node's wire bytes per step at that rate; its ratio, step / floor.
+  void       a ratio below 1 (a step sent faster than the link was seen to go: the probe was not
+             the limit), or other processes taking more than 10% of the machine's CPU over the
+             rounds (zerompi/util/other_processes.py, per kernel): the table says VOID and why.
 """
 import argparse
 import json
@@ -50,6 +58,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from mpi4py import MPI
 from threadpoolctl import threadpool_limits
 
@@ -62,7 +71,9 @@ from zerompi.hierarchy.groups import node_size        # noqa: E402
 from zerompi.memory import BytesPerParam, ring_traffic, wire_bytes   # noqa: E402
 from zerompi.precision import precision_for           # noqa: E402
 from zerompi.quantize import Quantizer, hop_slots, quantized_collectives, scales_ring_bytes   # noqa: E402
-from step_time import warmed_up_step                   # noqa: E402  (beside this file)
+from zerompi.util.other_processes import OtherProcesses   # noqa: E402
+from floors import best, void_reasons                  # noqa: E402  (beside this file)
+from step_time import warmed_up_step                   # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.Get_rank(), COMM.Get_size()
@@ -112,6 +123,7 @@ def parse_args(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"comma list of {', '.join(VARIANTS)} (flat3 is always run: the ratios' base)")
     p.add_argument("--iface", default="eth0", help="the network interface between nodes, for the wire bytes")
+    p.add_argument("--probe-mb", type=float, default=4.0, help="the link probe's all-gathered MB (default 4)")
     p.add_argument("--json", default=None, help="write every number to this file (rank 0)")
     args = p.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -134,6 +146,26 @@ def tx_bytes(iface):
             if name.strip() == iface:
                 return int(counters.split()[8])     # receive: 8 counters, then transmit bytes
     return None
+
+
+class LinkProbe:
+    """The link's rate, sampled once per round: an all-gather of nbytes over every rank."""
+
+    def __init__(self, iface, node_leader, nbytes):
+        self.iface, self.reads = iface, node_leader and tx_bytes(iface) is not None
+        self.shard = np.ones(max(1, int(nbytes) // 4 // N), np.float32)
+        self.full = np.empty(self.shard.size * N, np.float32)
+        self.samples = []
+
+    def sample(self):
+        before = tx_bytes(self.iface) if self.reads else 0
+        COMM.Barrier()
+        start = time.perf_counter()
+        COMM.Allgather(self.shard, self.full)
+        seconds = COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        sent = COMM.allreduce((tx_bytes(self.iface) - before) if self.reads else -1, op=MPI.MAX)
+        if sent > 0:                                   # -1 everywhere: no node reads a counter
+            self.samples.append(sent / seconds)
 
 
 class VariantRun:
@@ -225,12 +257,17 @@ def main(argv=None):
     out["hosts"] = COMM.gather(MPI.Get_processor_name())
     with threadpool_limits(limits=1):
         runs = {key: VariantRun(VARIANTS[key], ranks_per_node, node_leader, args) for key in args.variants}
+        probe, others = LinkProbe(args.iface, node_leader, args.probe_mb * 1e6), OtherProcesses(COMM)
+        others.start()
         for _ in range(args.repeats):
             for run in runs.values():
                 run.time_round(args.steps)
+            probe.sample()
+        out["others_share"] = others.share()
         out["variants"] = {key: run.result() for key, run in runs.items()}
     if RANK == 0:
         add_ratios(out)
+        add_floors(out, probe.samples)
         print_table(out)
         if args.json:
             with open(args.json, "w") as f:
@@ -250,6 +287,19 @@ def add_ratios(out):
         v["wire_bytes_per_s"] = max(v["wire_tx_bytes_per_node"]) / v["step_s"] if v["wire_tx_bytes_per_node"] else None
 
 
+def add_floors(out, samples):
+    """The link's best rate and spread, each variant's floor (its busiest node's wire bytes at that
+    rate) and ratio, and why the numbers are void ([] when they are results)."""
+    out["link_bytes_per_s"], out["link_spread"] = best(samples, higher_is_better=True) if samples else (None, None)
+    ratios = {}
+    for v in out["variants"].values():
+        wire = v["wire_tx_bytes_per_node"]
+        v["floor_s"] = max(wire) / out["link_bytes_per_s"] if wire and samples else None
+        if v["floor_s"]:
+            ratios[v["label"]] = v["floor_ratio"] = v["step_s"] / v["floor_s"]
+    out["void"] = void_reasons(ratios, out["others_share"])
+
+
 def print_table(out):
     a = out["args"]
     base = out["variants"][BASELINE.key]
@@ -263,7 +313,13 @@ def print_table(out):
     print(f"\nMB per step that the busiest node sent to other nodes: the ledger (ring model), the formula, "
           f"and {a['iface']}'s tx counter (every byte on the wire);\n"
           f"Mbit/s = wire tx / step time; the ratios are to flat stage 3")
-    print("variant            step ms |   ledger  formula  wire tx  tx/ledger   Mbit/s | step  ledger formula wire")
+    link = out["link_bytes_per_s"]
+    print("link: " + (f"{8 * link / 1e6:.0f} Mbit/s, the best of {a['repeats']} all-gathers of {a['probe_mb']} MB "
+                      f"(spread {100 * out['link_spread']:.0f}%)" if link else f"not measured (no tx counter of {a['iface']})")
+          + "; other processes: " + ("unknown" if out["others_share"] is None else
+                                     f"{100 * out['others_share']:.1f}% of the machine's CPU (kernel counters)"))
+    print("variant            step ms |   ledger  formula  wire tx  tx/ledger   Mbit/s | step  ledger formula wire"
+          " | floor ms ratio")
     for v in out["variants"].values():
         ledger, formula = max(v["ledger_inter_bytes_per_node"]), max(v["formula_inter_bytes_per_node"])
         wire = max(v["wire_tx_bytes_per_node"]) if v["wire_tx_bytes_per_node"] else None
@@ -271,7 +327,10 @@ def print_table(out):
         print(f"{v['label']:<18} {1e3 * v['step_s']:8.1f} | {mb(ledger)} {mb(formula)} {mb(wire)} "
               f"{ratio(wire / ledger if wire and ledger else None):>10} {rate} |{ratio(v['step_ratio'])}"
               f"{ratio(v['ledger_inter_bytes_ratio'])}{ratio(v['formula_inter_bytes_ratio'])}"
-              f"{ratio(v['wire_tx_bytes_ratio'])}")
+              f"{ratio(v['wire_tx_bytes_ratio'])} | " + (f"{1e3 * v['floor_s']:8.1f} {v['floor_ratio']:5.2f}"
+                                                         if v["floor_s"] else "       -     -"))
+    if out["void"]:
+        print("VOID, not a result: " + "; ".join(out["void"]))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ from zerompi.ledger import MemoryLedger              # noqa: E402
 from zerompi.overlap import OverlapConfig            # noqa: E402
 from zerompi.precision import precision_for          # noqa: E402
 from zerompi.step import train_step            # noqa: E402
-from floors import OtherProcesses, best, void_reasons   # noqa: E402
+from floors import best, void_reasons   # noqa: E402
+from zerompi.util.other_processes import OtherProcesses   # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, N = COMM.Get_rank(), COMM.Get_size()

@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -246,12 +247,14 @@ def test_good_calibration_predicts_and_names_unmeasured_rank_counts(tmp_path):
 def test_calibrate_writes_a_valid_file_at_two_ranks(tmp_path):
     out, folder = tmp_path / "machine.json", tmp_path / "offload"
     folder.mkdir()
-    run = launch(2, "calibrate", "--out", out, "--offload-dir", folder, cwd=REPO_ROOT, program=("-m", "zerompi.plan"),
-                 timeout=180)
+    run = launch(2, "calibrate", "--out", out, "--offload-dir", folder, "--others-limit", 1, cwd=REPO_ROOT,
+                 program=("-m", "zerompi.plan"), timeout=180)      # 1: a busy machine does not void it
     assert run.returncode == 0, run.describe()
     machine = read_calibration(str(out))
     assert set(machine.collectives) == {1, 2}
-    assert json.loads(out.read_text())["seconds"] > 0
+    data = json.loads(out.read_text())
+    assert data["seconds"] > 0 and 0 <= data["others_share"] <= 1
+    assert f"other processes: {100 * data['others_share']:.1f}% of the machine's CPU" in run.stdout, run.describe()
     assert machine.files.read > 0 and machine.files.cached_write > 0
     assert not [p for p in os.listdir(tmp_path) if p not in ("machine.json", "offload")]     # no temporary left
     assert os.listdir(folder) == []                                         # the scratch files gone
@@ -341,12 +344,28 @@ def test_calibrate_on_a_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_p
     from test_observability import small_tmpfs
     with small_tmpfs(tmp_path / "full", size="4k") as full:
         (full / "filler").write_bytes(b"\0" * 4096)
-        run = launch(2, "calibrate", "--out", full / "machine.json", cwd=tmp_path, program=("-m", "zerompi.plan"),
-                     timeout=180)
+        run = launch(2, "calibrate", "--out", full / "machine.json", "--others-limit", 1, cwd=tmp_path,
+                     program=("-m", "zerompi.plan"), timeout=180)
         assert run.returncode == 2, run.describe()
         assert run.stderr.strip().startswith(f"zerompi: error: cannot write {full / 'machine.json'}: No space left"), \
             run.describe()
         assert os.listdir(full) == ["filler"]
+
+
+def test_a_calibration_while_another_process_is_busy_is_void_one_line_exit_9_and_writes_no_file(tmp_path):
+    """A calibration measured while other processes held the cores is low, and the cost model's
+    predictions from it wrong: above --others-limit it is void (here 0: a busy process beside)."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        run = launch(2, "calibrate", "--out", tmp_path / "machine.json", "--others-limit", 0, cwd=tmp_path,
+                     program=("-m", "zerompi.plan"), timeout=180)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert run.returncode == 9, run.describe()
+    assert re.fullmatch(r"zerompi: error: the calibration is void: other processes took \d+% of the machine's CPU "
+                        r"\(more than 0%\); no file written", run.stderr.strip()), run.describe()
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "deep", "huge"])

@@ -523,7 +523,7 @@ def test_exit_statuses_keep_their_numbers():
     from zerompi.util.exit_codes import ExitCode
     assert {code.name: int(code) for code in ExitCode} == {
         "OK": 0, "FAILED": 1, "BAD_INPUT": 2, "DIVERGED": 3, "PREEMPTED": 4, "COLLECTIVE_MISMATCH": 5,
-        "COLLECTIVE_TIMEOUT": 6, "OUT_OF_MEMORY": 7, "OFFLOAD_FAILED": 8, "INTERRUPTED": 130}
+        "COLLECTIVE_TIMEOUT": 6, "OUT_OF_MEMORY": 7, "OFFLOAD_FAILED": 8, "MEASUREMENT_VOID": 9, "INTERRUPTED": 130}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """benchmarks/multi_node.py runs across 2 emulated nodes of 2 ranks (tiny model, one round): every
 variant's ledger bytes per node equal the formula's, the ratios to flat stage 3 are the formula's
-(2/3 for hpZ), and the wire bytes are read from each node's own interface (not the machine's)."""
+(2/3 for hpZ), the wire bytes are read from each node's own interface (not the machine's), and
+each variant's floor is its wire bytes at the link's best probed rate, the run void exactly when a
+variant beat its floor or other processes took more than 10%."""
 import json
 import os
 import sys
@@ -33,6 +35,12 @@ def test_benchmark_runs_across_nodes_and_its_ledger_equals_the_formula(emulated_
         # order of what the ring model says crosses (MPI's algorithms and TCP's headers differ)
         wire, ledger = v["wire_tx_bytes_per_node"], v["ledger_inter_bytes_per_node"]
         assert len(wire) == 2 and all(0.8 * b < w < 3 * b for w, b in zip(wire, ledger)), (key, wire, ledger)
+    assert report["link_bytes_per_s"] > 0 and report["link_spread"] >= 0
+    for v in variants.values():
+        assert v["floor_s"] == pytest.approx(max(v["wire_tx_bytes_per_node"]) / report["link_bytes_per_s"])
+        assert v["floor_ratio"] == pytest.approx(v["step_s"] / v["floor_s"])
+    beaten = [v for v in variants.values() if v["floor_ratio"] < 1]
+    assert bool(report["void"]) == bool(beaten or report["others_share"] > 0.1) == ("VOID" in result.stdout)
     assert variants["flat3"]["formula_inter_bytes_ratio"] == 1.0
     assert variants["hpz3"]["formula_inter_bytes_ratio"] == pytest.approx(2 / 3, rel=1e-12)
     n, k = 4, 2                       # hybrid, any stage: 2 Psi (k-1)/k against flat stage 3's 3 Psi (N-1)/N

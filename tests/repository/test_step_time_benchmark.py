@@ -14,19 +14,17 @@ from run_all import mpirun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from floors import OTHERS_LIMIT, OtherProcesses, best, busy_cpu_seconds, void_reasons  # noqa: E402
+from floors import best, void_reasons  # noqa: E402
+from zerompi.util.other_processes import OTHERS_LIMIT, OtherProcesses, busy_cpu_seconds, busy_reason, kernel_id  # noqa: E402
 
 
 class OneRank:
-    """floors.OtherProcesses' communicator when the job is this one process."""
+    """OtherProcesses' communicator when the job is this one process."""
     def Barrier(self):
         pass
 
-    def allreduce(self, value):
-        return value
-
-    def bcast(self, value):
-        return value
+    def allgather(self, value):
+        return [value]
 
 
 @pytest.mark.timeout(300)
@@ -76,3 +74,25 @@ def test_best_and_void_reasons():
     assert best([3.0, 2.0, 4.0], higher_is_better=False) == (2.0, 1.0)
     assert void_reasons({"stage 0 off": 1.05, "AdamW of stage 0 off": 1.8}, 0.02) == []
     assert void_reasons({"stage 3 off": 0.36}, 0.0) == ["stage 3 off ran at 0.36x its floor (below 1: the floor was not one)"]
+
+
+class Gathered(OneRank):
+    """A communicator whose allgather returns these ranks' (kernel, (busy s, CPUs), own s, wall s)."""
+    def __init__(self, ranks):
+        self.ranks = ranks
+
+    def allgather(self, value):
+        return self.ranks
+
+
+def test_each_kernel_counts_its_own_ranks_and_the_busiest_kernel_is_the_share():
+    """Two ranks on kernel a (2 CPUs, 4 s busy, 3 s of it theirs, over 2 s): (4 - 3) / (2 x 2) =
+    0.25; one on kernel b: (2.5 - 2) / (2 x 2) = 0.125. An unknown counter makes the share unknown."""
+    ranks = [("a", (4.0, 2), 1.5, 2.0), ("b", (2.5, 2), 2.0, 2.0), ("a", (3.9, 2), 1.5, 1.9)]
+    for comm, share in ((Gathered(ranks), 0.25), (Gathered(ranks[1:2]), 0.125), (Gathered([("a", None, 1, 1)]), None)):
+        others = OtherProcesses(comm)
+        others.start()
+        assert others.share() == share
+    assert busy_reason(None) is None and busy_reason(0.25, 0.3) is None
+    assert busy_reason(0.25) == "other processes took 25% of the machine's CPU (more than 10%)"
+    assert kernel_id() == kernel_id() != ""

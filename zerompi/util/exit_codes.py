@@ -27,6 +27,9 @@ so a job script can branch on mpirun's status:
                             disk), read or written (an I/O error, a file cut short by another
                             process): one line naming the rank and the file; the last checkpoint
                             is whole, the scratch files gone (zerompi/offload/stores.py)
+    MEASUREMENT_VOID     9  `zerompi.plan calibrate` only: other processes took more than
+                            --others-limit of the machine's CPU while it measured: one line,
+                            no calibration file written (zerompi/util/other_processes.py)
     INTERRUPTED        130  a signal ended the run at once, without a checkpoint: SIGINT, SIGTERM
                             or SIGUSR1 outside the training loop, SIGINT or SIGTERM in it without
                             --save-dir, or a second SIGINT (zerompi/train/loop/signals.py); 130 is the
@@ -48,6 +51,7 @@ class ExitCode(IntEnum):
     COLLECTIVE_TIMEOUT = 6
     OUT_OF_MEMORY = 7
     OFFLOAD_FAILED = 8
+    MEASUREMENT_VOID = 9
     INTERRUPTED = 130
 
 
@@ -62,5 +66,6 @@ EXIT_MEANINGS = {
     ExitCode.COLLECTIVE_TIMEOUT: "a collective waited past --collective-timeout",
     ExitCode.OUT_OF_MEMORY: "memory ran out after the preflight: one line",
     ExitCode.OFFLOAD_FAILED: "an offload file not created, read or written: one line",
+    ExitCode.MEASUREMENT_VOID: "zerompi.plan calibrate: others busy, no file written",
     ExitCode.INTERRUPTED: "a signal ended the run at once, no checkpoint",
 }

@@ -26,6 +26,10 @@ single sample can read half the true rate, and noise only ever adds time.
                   (posix_fadvise DONTNEED): the disk's rates; written and read again with the
                   pages in the cache: the page cache's. Bytes/s per rank, all ranks at once
 
+    others_share  the share of the machine's CPU that other processes took meanwhile
+                  (zerompi/util/other_processes.py; None where it cannot be read): above
+                  --others-limit the calibration is void and no file is written (plan.py)
+
 Written by rank 0 as JSON, atomically (a temporary file, then a rename). Reading one back checks
 every field: a file that is not a calibration, truncated or with numbers that cannot be (negative,
 not finite, out of order) is a CalibrationError, one line.
@@ -44,6 +48,7 @@ from ...util.atomic import atomic_file
 from ...comm import Communicator
 from ...engine import build_engine
 from ...util.inputs import read_whole
+from ...util.other_processes import OtherProcesses
 from ...ledger import GRADS, MemoryLedger
 from ...mpi import MPI
 from ...precision import precision_for
@@ -244,7 +249,8 @@ def calibrate(offload_dir=None):
     mpi = world.mpi
     ranks_on_node = world.ranks_on_this_node()
     cores = len(os.sched_getaffinity(0))
-    started = time.perf_counter()
+    started, others = time.perf_counter(), OtherProcesses(mpi)
+    others.start()
     with threadpool_limits(limits=blas_threads(ranks_on_node, os.environ, cores)):
         result = {"format": FORMAT, "version": VERSION, "ranks": world.size,
                   "machine": {"host": platform.node(), "processor": platform.processor(), "cores": cores,
@@ -262,6 +268,7 @@ def calibrate(offload_dir=None):
             result["files"] = measure_files(mpi, offload_dir)
     result["overlap_efficiency"] = 1.0 if cores >= 2 * ranks_on_node else 0.0
     result["seconds"] = mpi.allreduce(time.perf_counter() - started, op=MPI.MAX)
+    result["others_share"] = others.share()
     return result
 
 

@@ -15,7 +15,8 @@
         fits, and the predicted step time in its parts (zerompi/train/commands/cost.py); then the fastest
         stage that fits.
 
-Bad flags or a bad calibration file: one line, `zerompi: error: ...`, exit status 2.
+Bad flags or a bad calibration file: one line, `zerompi: error: ...`, exit status 2; a calibration
+during which other processes took more than --others-limit of the machine: one line, no file, 9.
 """
 import argparse
 import math
@@ -25,6 +26,7 @@ import sys
 from ...util.exit_codes import ExitCode
 from ...hierarchy import FLAT, Grouping
 from ...util.inputs import available_bytes, format_bytes, printable
+from ...util.other_processes import OTHERS_LIMIT, busy_reason
 from ...memory import model_size_error
 from ...offload import FileTier
 from .memory_table import OneLineParser, non_negative_float, parameter_count, positive_float, rank_count
@@ -97,6 +99,9 @@ def calibrate_parser():
     p.add_argument("--offload-dir", metavar="DIR",
                    help="also measure the file tier's rates in this folder (a scratch file of 64 MiB per rank, "
                         "written synced and from the page cache; removed however the calibration ends)")
+    p.add_argument("--others-limit", type=non_negative_float, default=OTHERS_LIMIT, metavar="SHARE",
+                   help="the calibration is void, and writes no file (exit status 9), if other processes took "
+                        f"more than this share of the machine's CPU while it measured (default {OTHERS_LIMIT})")
     return p
 
 
@@ -242,11 +247,17 @@ def calibrate_main(argv):
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(f"zerompi: error: {printable(str(e))}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    share, void = result["others_share"], busy_reason(result["others_share"], args.others_limit)
+    if void:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(f"zerompi: error: the calibration is void: {void}; no file written", file=sys.stderr)
+        return ExitCode.MEASUREMENT_VOID
     error = None
     if MPI.COMM_WORLD.Get_rank() == 0:
         try:
             write_calibration(result, args.out)
-            print(f"wrote {args.out}: {result['ranks']} ranks, measured in {result['seconds']:.1f} s")
+            print(f"wrote {args.out}: {result['ranks']} ranks, measured in {result['seconds']:.1f} s; other processes: "
+                  + ("unknown (no /proc/stat)" if share is None else f"{100 * share:.1f}% of the machine's CPU"))
         except OSError as e:
             error = printable(f"zerompi: error: cannot write {args.out}: {e.strerror}")
             print(error, file=sys.stderr)
