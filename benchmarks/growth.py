@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from zerompi.overlap import OverlapConfig                            # noqa: E402
 from zerompi.plan import RunShape, plan_run                          # noqa: E402
 from zerompi.precision import precision_for                          # noqa: E402
+from machine import machine_line                                     # noqa: E402
 from zerompi.train.commands.calibrate import read_calibration        # noqa: E402
 from zerompi.train.commands.cost import step_cost                    # noqa: E402
 from zerompi.util.exit_codes import ExitCode                         # noqa: E402
@@ -70,17 +71,6 @@ def measure(n, width, args):
             return json.load(f)["stages"]
 
 
-def cpu_name():
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
-
-
-def blas_name():
-    from threadpoolctl import threadpool_info
-    return ", ".join(f"{p['internal_api']} {p['version']} {p.get('architecture')}" for p in threadpool_info()
-                     if p["user_api"] == "blas") or "none found"
-
-
 def calibration(n, others_limit):
     """This machine calibrated at N = n (zerompi.plan calibrate), as a Machine; or, where the
     calibration was void (exit status 9), its line."""
@@ -109,7 +99,7 @@ def main(argv=None):
     runs += [(2, w) for w in args.widths if (2, w) not in runs]
     rows = []
     print(f"cost growth | MLP W-W-W-W-W float32 | {ROWS} rows per rank | overlap {args.overlap} | {cores} cores | "
-          f"{cpu_name()} | BLAS: {blas_name()}")
+          f"{machine_line()}")
     print(" N     W      Psi  stage  step ms  predicted  pred/meas | model state MB/rank  ledger MB/rank  "
           "comm MB/rank/step")
     machines = {}

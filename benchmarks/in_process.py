@@ -14,14 +14,13 @@ what that costs at this size.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from zerompi.adam import AdamConfig  # noqa: E402
@@ -29,6 +28,7 @@ from zerompi.engine import build_engine  # noqa: E402
 from zerompi.inprocess import run_ranks  # noqa: E402
 from zerompi.precision import precision_for  # noqa: E402
 from zerompi.step import train_step  # noqa: E402
+from machine import blas_kernels, cpu_model  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -85,9 +85,6 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    blas = [f"{d.get('internal_api')} {d.get('version')} {d.get('architecture')}" for d in threadpool_info()]
     forwarded = [a for a in argv if a != "--worker"]
     times = {n: {"mpirun": [], "in-process": []} for n in map(int, args.ranks.split(","))}
     for _ in range(args.rounds):
@@ -95,7 +92,7 @@ def main(argv=None):
             times[n]["mpirun"].append(mpirun_step(n, forwarded))
             with threadpool_limits(limits=1):
                 times[n]["in-process"].append(max(run_ranks(lambda comm: median_step(comm, args), n)))
-    print(f"{time.strftime('%Y-%m-%d %H:%M %Z')} | {cpu}, {os.cpu_count()} CPUs | BLAS {'; '.join(blas)} | "
+    print(f"{time.strftime('%Y-%m-%d %H:%M %Z')} | {cpu_model()}, {os.cpu_count()} CPUs | BLAS {blas_kernels()} | "
           f"stage {args.stage}, MLP 256-{args.hidden.replace(',', '-')}-10, {args.rows} rows per rank, float32 | "
           f"median of {args.rounds} rounds x {args.steps} steps")
     print(f"{'N':>3} {'mpirun ms':>10} {'in-process ms':>14} {'ratio':>6}")

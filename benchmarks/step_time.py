@@ -20,14 +20,15 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
   limits    measured in this run, with all ranks busy at once as in training, once between
             each round and the next (benchmarks/floors.py: the best sample is the limit, the
             spread of the samples is printed beside it):
-            GEMM rate at the step's shapes (B x I x O, the three GEMMs of a linear layer),
+            GEMM rate of the step's own GEMMs (every layer's x@W.T, dy.T@x, dy@W at its shapes),
+            and, printed beside it, of the three at B x 2048 x 2048 alone,
             memory bandwidth of an in-place ufunc over four float32 arrays of a row's owned
             elements (AdamW's p, g, m, v: the same footprint, so the same caches),
             Allreduce / Reduce_scatter_block / Allgather of a model-sized float32 buffer.
   others    the share of the machine's CPU that other processes used during the rounds, from
             the kernel's counters (floors.py). The run is void, and says so instead of giving
             results, when a row or an AdamW alone ran below its floor, or others took > 10%.
-  floor     compute = training FLOPs per rank and step / GEMM rate;
+  floor     compute = training FLOPs per rank and step / the step's GEMM rate;
             optimizer = 7 compulsory passes (read p, g, m, v; write p, m, v) x 4 B x owned
                         elements / bandwidth (zerompi's chunked AdamW makes 11-12 ufunc passes per
                         chunk, but the chunk stays in cache); "adam" prints AdamW.update measured
@@ -40,6 +41,13 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             The floor leaves out GELU, the loss and bias sums, and assumes no overlap: on a
             machine whose every core runs a rank, MPI's shared-memory copies take the same cores
             as the compute, so hiding them saves waiting, not work. ratio = step / floor.
+  parts     where a step goes: its GEMMs (the median of the limit's samples), its elementwise
+            kernels (bias adds, GELUs, bias sums) and the gradient norm's dot over the owned
+            elements, each measured alone like the limits, once per round, the median over the
+            rounds; with the row's AdamW and its exposed communication they leave a "rest"
+            (Python, cache misses between the parts) = step - the parts.
+  versions  the CPU model, Python, the MPI library and NumPy, mpi4py, Numba, PyTorch, DeepSpeed
+            (benchmarks/machine.py; "not installed" where absent), printed under the title.
   peers     benchmarks/peers_torch.py (only if torch imports): DDP, ZeroRedundancyOptimizer,
             FSDP2; each zerompi row / each peer; > 1 means zerompi is slower. The matching pairs
             are DDP ~ stage 0, ZeroRedundancyOptimizer ~ stage 1, FSDP2 ~ stage 3.
@@ -57,6 +65,7 @@ from mpi4py import MPI
 from threadpoolctl import threadpool_info, threadpool_limits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from zerompi import layers                           # noqa: E402
 from zerompi.adam import AdamConfig, AdamW            # noqa: E402
 from zerompi.engine import build_engine              # noqa: E402
 from zerompi.fused import FusedAdamKernel, compiled_loop   # noqa: E402
@@ -65,6 +74,7 @@ from zerompi.overlap import OverlapConfig            # noqa: E402
 from zerompi.precision import precision_for          # noqa: E402
 from zerompi.step import train_step            # noqa: E402
 from floors import best, void_reasons   # noqa: E402
+from machine import cpu_model, versions   # noqa: E402
 from zerompi.util.other_processes import OtherProcesses   # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -169,12 +179,51 @@ def sample_limits(sizes, B, owned_sizes):
     sample = {}
     for name, fn in kinds.items():
         sample[f"gemm {name}"] = gemm_flops / (concurrent_time(lambda: [fn() for _ in range(10)], 3) / 10) / 1e9
+    gemms = step_gemms(sizes, B)
+    sample["gemm step"] = training_flops(sizes, B) / concurrent_time(lambda: [fn() for fn in gemms], 3) / 1e9
     for numel in owned_sizes:        # AdamW's footprint: p, g, m, v of the owned elements, each read + written
         sample[f"bandwidth {numel}"] = 8 * 4 * numel / state_pass_seconds(numel) / 1e9
     for how in ("model", "per_layer"):
         for op, seconds in collectives(sizes, how).items():
             sample[f"{how} {op}"] = seconds
     return sample
+
+
+def step_arrays(sizes, B):
+    """[(I, O, x (B, I), W (O, I), dy (B, O))] per layer, random, with the step's shapes."""
+    rng = np.random.default_rng(RANK)
+    return [(I, O, *(rng.standard_normal(s, dtype=np.float32) for s in [(B, I), (O, I), (B, O)]))
+            for I, O in zip(sizes[:-1], sizes[1:])]
+
+
+def step_gemms(sizes, B):
+    """Every GEMM of one forward and backward at the step's own shapes, as functions: per layer
+    x@W.T, dy.T@x and dy@W (none for the first layer, which needs no input gradient)."""
+    gemms = []
+    for i, (I, O, x, W, dy) in enumerate(step_arrays(sizes, B)):
+        y, dW, dx = np.empty((B, O), np.float32), np.empty((O, I), np.float32), np.empty((B, I), np.float32)
+        gemms += [lambda x=x, W=W, y=y: np.matmul(x, W.T, out=y), lambda dy=dy, x=x, dW=dW: np.matmul(dy.T, x, out=dW)]
+        gemms += [lambda dy=dy, W=W, dx=dx: np.matmul(dy, W, out=dx)] if i else []
+    return gemms
+
+
+def step_parts(sizes, B, owned_sizes):
+    """One sample of the step's other parts measured alone, all ranks at once, in seconds:
+    {"elementwise": every bias add, GELU forward and backward and bias sum at the step's shapes,
+     "norm numel": the gradient norm's dot over `numel` owned elements}."""
+    elementwise = []
+    for i, O in enumerate(sizes[1:]):
+        y, dy, b = np.full((B, O), 0.5, np.float32), np.full((B, O), 0.5, np.float32), np.zeros(O, np.float32)
+        elementwise += [lambda y=y, b=b: np.add(y, b, out=y), lambda dy=dy, b=b: np.sum(dy, axis=0, out=b)]
+        if i < len(sizes) - 2:                     # hidden layers: GELU (zerompi/layers.py)
+            pre, out, t, d = (np.full((B, O), 0.5, np.float32) for _ in range(4))
+            elementwise += [lambda pre=pre, out=out, t=t: layers.gelu_forward(pre, out, t),
+                            lambda dy=dy, pre=pre, t=t, d=d: layers.gelu_backward(dy, pre, t, d)]
+    parts = {"elementwise": concurrent_time(lambda: [fn() for fn in elementwise], 3)}
+    for numel in owned_sizes:
+        g = np.full(numel, 1e-3, np.float32)
+        parts[f"norm {numel}"] = concurrent_time(lambda: np.dot(g, g), 3)
+    return parts
 
 
 def state_pass_seconds(numel):
@@ -191,7 +240,9 @@ def best_limits(samples, sizes, B, numel_full):
     pick = {key: b for key, (b, _) in best_and_spread.items()}
     gemm = {name: pick[f"gemm {name}"] for name in ("x@W.T", "dy.T@x", "dy@W")}
     gemm["all3"] = 3 / sum(1 / r for r in gemm.values())         # harmonic: equal FLOPs each
+    gemm["step"] = pick["gemm step"]                            # the floor's: every layer's own shapes
     return {"gemm_shape": [B, max(sizes), max(sizes)], "gemm_gflops": gemm,
+            "gemm_step_median_gflops": statistics.median(values["gemm step"]),
             "bandwidth_gbs": {int(key.split()[1]): b for key, b in pick.items() if key.startswith("bandwidth")},
             "collective_s": {how: {op: pick[f"{how} {op}"] for op in ("allreduce", "reduce_scatter", "allgather")}
                              for how in ("model", "per_layer")},
@@ -288,7 +339,7 @@ def floors(stage, res, limits, flops):
         return {0: c["allreduce"], 1: c["reduce_scatter"] + c["allgather"],
                 2: c["reduce_scatter"] + c["allgather"], 3: c["reduce_scatter"] + 2 * c["allgather"]}[stage]
     comm = min(comm_time(c) for c in limits["collective_s"].values())    # the faster way of calling
-    compute = flops / (limits["gemm_gflops"]["all3"] * 1e9)
+    compute = flops / (limits["gemm_gflops"]["step"] * 1e9)
     optimizer = 7 * 4 * res["owned_elements"] / (limits["bandwidth_gbs"][res["owned_elements"]] * 1e9)
     return {"compute_s": compute, "optimizer_s": optimizer, "comm_s": comm,
             "total_s": compute + optimizer + comm}
@@ -316,7 +367,7 @@ def main(argv=None):
     args = parse_args(argv)
     out = {"args": vars(args), "ranks": N, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     with threadpool_limits(limits=1):
-        out["blas"] = blas_report()
+        out["blas"], out["cpu"], out["versions"] = blas_report(), cpu_model(), versions()
         probe = build_engine(args.sizes, 0, precision_for("float32"), AdamConfig(), 1)
         numel_full, num_params = probe.layout.full_numel, probe.layout.num_params
         del probe
@@ -326,7 +377,7 @@ def main(argv=None):
         runs = {f"{stage} {overlap}": StageRun(stage, overlap, args)
                 for stage in args.stages for overlap in args.overlap}
         owned_sizes = sorted({run.owned_elements for run in runs.values()})
-        others, samples, adam_rounds = OtherProcesses(COMM), [], []
+        others, samples, adam_rounds, part_rounds = OtherProcesses(COMM), [], [], []
         others.start()
         for _ in range(args.repeats):                   # the limits sampled between the rounds
             for run in runs.values():
@@ -335,6 +386,7 @@ def main(argv=None):
                 samples.append(sample_limits(args.sizes, args.batch_per_rank, owned_sizes))
                 adam_rounds.append({(key, numel): measure_adam(numel, kernel) for key, kernel in adam_kernels().items()
                                     for numel in owned_sizes})
+                part_rounds.append(step_parts(args.sizes, args.batch_per_rank, owned_sizes))
         out["stages"] = {}
         if samples:
             out["limits"] = limits = best_limits(samples, args.sizes, args.batch_per_rank, numel_full)
@@ -343,6 +395,9 @@ def main(argv=None):
             if limits:
                 for key in adam_kernels():              # the median over the rounds
                     res[key] = statistics.median(r[key, run.owned_elements] for r in adam_rounds)
+                res["parts_s"] = {"gemms": flops / (limits["gemm_step_median_gflops"] * 1e9),
+                                  **{part: statistics.median(r[f"{part} {run.owned_elements}" if part == "norm" else part]
+                                                             for r in part_rounds) for part in ("elementwise", "norm")}}
                 res["floor"] = floors(run.stage, res, limits, flops)
         out["others_share"] = others.share()
         if limits:
@@ -375,6 +430,7 @@ def print_table(out, num_params):
           f"median of {a['repeats']} x {a['steps']} steps")
     for tp in out["blas"]["threadpools"]:
         print(f"BLAS: {tp['user_api']}: {tp['internal_api']} {tp['version']} kernel {tp['architecture']}")
+    print(f"CPU: {out['cpu']} | " + ", ".join(f"{k} {v}" for k, v in out["versions"].items()))
     env = out["blas"]["env"]
     print(f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']} OPENBLAS_L2_SIZE={env['OPENBLAS_L2_SIZE']}"
           + ("  (unsetting both may select a faster kernel)" if any(env.values()) else ""))
@@ -382,7 +438,9 @@ def print_table(out, num_params):
     print(f"\nlimits (all ranks at once; the best of {lim['samples']} samples, one between each round; the "
           f"spread of the samples in brackets):\n  GEMM {'x'.join(map(str, lim['gemm_shape']))} GFLOP/s per rank: "
           + ", ".join(f"{k} {v:.1f}" + (f" [{100 * spread['gemm ' + k]:.0f}%]" if k != "all3" else "")
-          for k, v in g.items()))
+          for k, v in g.items() if k != "step")
+          + f"\n  the step's GEMMs (every layer at its own shape) GFLOP/s per rank: {g['step']:.1f} "
+            f"[{100 * spread['gemm step']:.0f}%], their median {lim['gemm_step_median_gflops']:.1f}")
     print("  ufunc bandwidth over AdamW's p, g, m, v GB/s per rank: " + ", ".join(
         f"{numel:,} elements {gbs:.1f} [{100 * spread[f'bandwidth {numel}']:.0f}%]"
         for numel, gbs in lim["bandwidth_gbs"].items()))
@@ -412,6 +470,7 @@ def print_table(out, num_params):
           f"peak {out['rss_peak_mb']:.0f} MB")
     if void:
         print("VOID: the table above is not a result (see why above)")
+    print_parts(out)
     if not out["peers"]:
         return
     print("\npeer                        step ms   (the /peer columns above: zerompi step / peer step)")
@@ -420,6 +479,27 @@ def print_table(out, num_params):
             print(f"{name:<27} failed: {p['error'] if isinstance(p, dict) else p}")
             continue
         print(f"{p['label']:<27} {ms(p['step_s'])}")
+
+
+
+def step_accounts(r, adam):
+    """{part: seconds} of one row's step: its parts measured alone (medians over the rounds), the
+    row's AdamW update, the communication the training thread waited for, and the rest."""
+    parts = dict(r["parts_s"], adam=r["adam_fused_s" if adam == "fused" else "adam_alone_s"],
+                 comm=r["comm_exposed_s"])
+    return dict(parts, rest=r["step_s"] - sum(parts.values()))
+
+
+def print_parts(out):
+    print("\nwhere a step goes (each part alone, all ranks at once, the median over the rounds; comm: the "
+          "exposed time; rest = step - the parts):\nstage overlap  step ms =  GEMMs  elementwise  norm  AdamW  "
+          "comm   rest | GEMMs / floor's compute")
+    for row, r in out["stages"].items():
+        a = step_accounts(r, out["args"]["adam"])
+        print(f"{row.split()[0]:>5} {row.split()[1]:>7} {1e3 * r['step_s']:8.1f}   " + " ".join(
+            f"{1e3 * a[k]:{w}.1f}" for k, w in (("gemms", 6), ("elementwise", 12), ("norm", 5), ("adam", 6),
+                                                ("comm", 6), ("rest", 6)))
+            + f" | {a['gemms'] / r['floor']['compute_s']:5.2f}")
 
 
 if __name__ == "__main__":

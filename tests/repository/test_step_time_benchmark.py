@@ -45,6 +45,19 @@ def test_the_benchmark_samples_its_limits_each_round_and_says_when_it_is_void(tm
     assert bool(out["void"]) == bool(below or out["others_share"] > OTHERS_LIMIT)
     assert ("VOID" in result.stdout) == bool(out["void"])
     assert "stage rows' AdamW: fused" in result.stdout and "other processes:" in result.stdout
+    parts = [r["parts_s"] for r in out["stages"].values()]     # where a step goes, measured per row
+    assert all(set(p) == {"gemms", "elementwise", "norm"} and min(p.values()) > 0 for p in parts)
+    assert parts[0]["norm"] != parts[1]["norm"] and parts[0]["gemms"] == parts[1]["gemms"]  # stage 3 owns 1/N
+    assert "where a step goes" in result.stdout
+    step_rate = limits["gemm_gflops"]["step"]        # the floor's compute: the step's own GEMMs, their best sample
+    assert step_rate >= limits["gemm_step_median_gflops"] > 0
+    for r in out["stages"].values():
+        assert r["floor"]["compute_s"] == pytest.approx(out["flops_per_rank_step"] / (step_rate * 1e9))
+        assert r["parts_s"]["gemms"] == pytest.approx(out["flops_per_rank_step"] / (limits["gemm_step_median_gflops"] * 1e9))
+    import numpy
+    versions = out["versions"]                       # benchmarks/machine.py: what ran, beside the figures
+    assert versions["numpy"] == numpy.__version__ and versions["MPI"] and set(versions) >= {"torch", "deepspeed"}
+    assert f"numpy {numpy.__version__}" in result.stdout and f"CPU: {out['cpu']}" in result.stdout
 
 
 def test_a_busy_process_beside_is_counted_and_more_than_a_tenth_is_void():
