@@ -21,7 +21,7 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             each round and the next (benchmarks/floors.py: the best sample is the limit, the
             spread of the samples is printed beside it):
             GEMM rate of the step's own GEMMs (every layer's x@W.T, dy.T@x, dy@W at its shapes),
-            and, printed beside it, of the three at B x 2048 x 2048 alone,
+            and, printed beside it, of the three at B x W x W alone (W the widest layer),
             memory bandwidth of an in-place ufunc over four float32 arrays of a row's owned
             elements (AdamW's p, g, m, v: the same footprint, so the same caches),
             Allreduce / Reduce_scatter_block / Allgather of a model-sized float32 buffer.
@@ -45,7 +45,9 @@ Method (every rank runs with 1 BLAS thread, float32, the same MLP and batch shap
             kernels (bias adds, GELUs, bias sums) and the gradient norm's dot over the owned
             elements, each measured alone like the limits, once per round, the median over the
             rounds; with the row's AdamW and its exposed communication they leave a "rest"
-            (Python, cache misses between the parts) = step - the parts.
+            = step - the parts: the loss, the metrics all-reduce, Python, the caches the parts
+            take from each other; below 0 where the exposed communication holds a wait for the
+            other rank's GEMMs, which the GEMMs part counts too.
   versions  the CPU model, Python, the MPI library and NumPy, mpi4py, Numba, PyTorch, DeepSpeed
             (benchmarks/machine.py; "not installed" where absent), printed under the title.
   peers     benchmarks/peers_torch.py (only if torch imports): DDP, ZeroRedundancyOptimizer,
@@ -197,14 +199,17 @@ def step_arrays(sizes, B):
 
 
 def step_gemms(sizes, B):
-    """Every GEMM of one forward and backward at the step's own shapes, as functions: per layer
-    x@W.T, dy.T@x and dy@W (none for the first layer, which needs no input gradient)."""
-    gemms = []
+    """Every GEMM of one forward and backward at the step's own shapes and in the step's order, as
+    functions: the forward's x@W.T layer by layer, then the backward's dy.T@x and dy@W from the
+    last layer to the first (which needs no input gradient), so that each weight comes back from
+    as far in the caches as in training."""
+    forward, backward = [], []
     for i, (I, O, x, W, dy) in enumerate(step_arrays(sizes, B)):
         y, dW, dx = np.empty((B, O), np.float32), np.empty((O, I), np.float32), np.empty((B, I), np.float32)
-        gemms += [lambda x=x, W=W, y=y: np.matmul(x, W.T, out=y), lambda dy=dy, x=x, dW=dW: np.matmul(dy.T, x, out=dW)]
-        gemms += [lambda dy=dy, W=W, dx=dx: np.matmul(dy, W, out=dx)] if i else []
-    return gemms
+        forward.append(lambda x=x, W=W, y=y: np.matmul(x, W.T, out=y))
+        backward[:0] = [lambda dy=dy, x=x, dW=dW: np.matmul(dy.T, x, out=dW)] + (
+            [lambda dy=dy, W=W, dx=dx: np.matmul(dy, W, out=dx)] if i else [])
+    return forward + backward
 
 
 def step_parts(sizes, B, owned_sizes):
@@ -493,7 +498,7 @@ def step_accounts(r, adam):
 def print_parts(out):
     print("\nwhere a step goes (each part alone, all ranks at once, the median over the rounds; comm: the "
           "exposed time; rest = step - the parts):\nstage overlap  step ms =  GEMMs  elementwise  norm  AdamW  "
-          "comm   rest | GEMMs / floor's compute")
+          " comm   rest | GEMMs / floor's compute")
     for row, r in out["stages"].items():
         a = step_accounts(r, out["args"]["adam"])
         print(f"{row.split()[0]:>5} {row.split()[1]:>7} {1e3 * r['step_s']:8.1f}   " + " ".join(
