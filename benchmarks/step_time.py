@@ -401,8 +401,8 @@ def main(argv=None):
                 for key in adam_kernels():              # the median over the rounds
                     res[key] = statistics.median(r[key, run.owned_elements] for r in adam_rounds)
                 res["parts_s"] = {"gemms": flops / (limits["gemm_step_median_gflops"] * 1e9),
-                                  **{part: statistics.median(r[f"{part} {run.owned_elements}" if part == "norm" else part]
-                                                             for r in part_rounds) for part in ("elementwise", "norm")}}
+                                  "elementwise": statistics.median(r["elementwise"] for r in part_rounds),
+                                  "norm": statistics.median(r[f"norm {run.owned_elements}"] for r in part_rounds)}
                 res["floor"] = floors(run.stage, res, limits, flops)
         out["others_share"] = others.share()
         if limits:
@@ -484,7 +484,6 @@ def print_table(out, num_params):
             print(f"{name:<27} failed: {p['error'] if isinstance(p, dict) else p}")
             continue
         print(f"{p['label']:<27} {ms(p['step_s'])}")
-
 
 
 def step_accounts(r, adam):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy
 import pytest
 
 from run_all import mpirun
@@ -54,7 +55,6 @@ def test_the_benchmark_samples_its_limits_each_round_and_says_when_it_is_void(tm
     for r in out["stages"].values():
         assert r["floor"]["compute_s"] == pytest.approx(out["flops_per_rank_step"] / (step_rate * 1e9))
         assert r["parts_s"]["gemms"] == pytest.approx(out["flops_per_rank_step"] / (limits["gemm_step_median_gflops"] * 1e9))
-    import numpy
     versions = out["versions"]                       # benchmarks/machine.py: what ran, beside the figures
     assert versions["numpy"] == numpy.__version__ and versions["MPI"] and set(versions) >= {"torch", "deepspeed"}
     assert f"numpy {numpy.__version__}" in result.stdout and f"CPU: {out['cpu']}" in result.stdout
